@@ -1,0 +1,5 @@
+"""``python -m memory_mcp``: the same as the ``memory-mcp`` command."""
+
+from memory_mcp.cli import main
+
+main()

@@ -1,0 +1,97 @@
+"""Settings: layered, typed, every one documented."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from memory_mcp.config import Settings, iter_settings, load_settings
+from memory_mcp.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_every_setting_is_documented_with_its_default_in_config_example() -> None:
+    text = (REPO / "config.example.toml").read_text(encoding="utf-8")
+    example = tomllib.loads(text)
+    for info in iter_settings():
+        table = example[info.section] if info.section else example
+        assert info.key in table, f"{info.dotted} is missing from config.example.toml"
+        assert table[info.key] == info.default, f"{info.dotted}: example differs from default"
+        assert info.description, f"{info.dotted} has no help string"
+    documented = {(s, k) for s, v in example.items() if isinstance(v, dict) for k in v}
+    documented |= {("", k) for k, v in example.items() if not isinstance(v, dict)}
+    assert documented == {(i.section, i.key) for i in iter_settings()}
+
+
+def test_the_example_file_loads_as_a_user_config(tmp_path: Path) -> None:
+    loaded = load_settings(env={"MEMORY_MCP_CONFIG": str(REPO / "config.example.toml")})
+    assert loaded.settings == Settings()
+
+
+def test_layers_apply_in_order_user_then_project_then_environment(tmp_path: Path) -> None:
+    user = tmp_path / "user.toml"
+    user.write_text(
+        "[ranking]\nhalf_life_days = 10\nprior_weight = 0.3\n[search]\ncandidates = 40\n",
+        encoding="utf-8",
+    )
+    project = tmp_path / "repo"
+    project.mkdir()
+    (project / ".memory-mcp.toml").write_text("[ranking]\nhalf_life_days = 20\n", encoding="utf-8")
+    env = {"MEMORY_MCP_CONFIG": str(user), "MEMORY_MCP_SEARCH_CANDIDATES": "70"}
+    loaded = load_settings(project_root=project, env=env)
+    assert loaded.settings.ranking.half_life_days == 20  # project over user
+    assert loaded.settings.ranking.prior_weight == 0.3  # user over default
+    assert loaded.settings.search.candidates == 70  # environment over user
+    assert loaded.sources == [
+        "defaults",
+        str(user),
+        str(project / ".memory-mcp.toml"),
+        "environment",
+    ]
+
+
+def test_one_environment_variable_relocates_the_data_directory(tmp_path: Path) -> None:
+    loaded = load_settings(env={"MEMORY_MCP_DATA_DIR": str(tmp_path / "elsewhere")})
+    assert loaded.settings.database_path() == tmp_path / "elsewhere" / "memory.db"
+
+
+def test_a_project_file_cannot_redirect_storage_or_embedder_endpoints(tmp_path: Path) -> None:
+    (tmp_path / ".memory-mcp.toml").write_text(
+        '[embedder]\nopenai_base_url = "https://attacker.example/v1"\n', encoding="utf-8"
+    )
+    with pytest.raises(ConfigError, match="may only set"):
+        load_settings(project_root=tmp_path, env={})
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"MEMORY_MCP_SEARCH_CANDIDATES": "many"}, "search.candidates"),
+        ({"MEMORY_MCP_RANKING_PRIOR_WEIGHT": "2"}, "ranking.prior_weight"),
+        ({"MEMORY_MCP_WRITE_SECRETS": "maybe"}, "write.secrets"),
+        ({"MEMORY_MCP_SEARCH_CANDIDATE": "40"}, "unknown environment variable"),
+        ({"MEMORY_MCP_CONFIG": "/nonexistent/config.toml"}, "not a file"),
+    ],
+)
+def test_bad_settings_fail_with_a_message_naming_the_setting(
+    env: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_settings(env=env)
+
+
+def test_unknown_keys_in_a_config_file_are_refused(tmp_path: Path) -> None:
+    user = tmp_path / "user.toml"
+    user.write_text("[ranking]\nhalflife = 3\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"ranking\.halflife"):
+        load_settings(env={"MEMORY_MCP_CONFIG": str(user)})
+
+
+def test_a_malformed_config_file_is_reported_with_its_path(tmp_path: Path) -> None:
+    user = tmp_path / "user.toml"
+    user.write_text("[ranking\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"user\.toml"):
+        load_settings(env={"MEMORY_MCP_CONFIG": str(user)})
