@@ -1,0 +1,183 @@
+"""Words: tokenizing, stop words, stemming and FTS5 queries.
+
+The same tokenizer feeds the FTS5 query builder (search) and the fold
+decision's word-level evidence, so both see one notion of "a word". FTS5
+stems with its own Porter tokenizer; ``stem`` is the same algorithm, for the
+comparisons done in Python.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from functools import lru_cache
+
+_WORD = re.compile(r"[^\W_]+", re.UNICODE)
+
+STOPWORDS = frozenset(
+    """
+    a about above after again against all am an and any are as at be because been before
+    being below between both but by can could did do does doing down during each few for
+    from further had has have having he her here hers herself him himself his how i if
+    in into is it its itself just let me more most my myself of off on once only or
+    other our ours ourselves out over own same she should so some such than that the
+    their theirs them themselves then there these they this those through to too under
+    until up very was we were what when where which while who whom why will with would
+    you your yours yourself yourselves also get got s t d ll m o re ve y via per not no
+    don doesn didn isn aren
+    """.split()  # noqa: SIM905
+)
+
+_MAX_QUERY_TERMS = 64
+
+
+def fold_accents(text: str) -> str:
+    """Text without combining accents ("café" -> "cafe")."""
+    if text.isascii():
+        return text
+    decomposed = unicodedata.normalize("NFKD", text)
+    return "".join(ch for ch in decomposed if not unicodedata.combining(ch))
+
+
+def words(text: str) -> list[str]:
+    """Lower-cased word tokens (letters and digits; everything else separates)."""
+    return _WORD.findall(fold_accents(text).casefold())
+
+
+def content_words(text: str) -> list[str]:
+    """Words without stop words."""
+    return [w for w in words(text) if w not in STOPWORDS]
+
+
+def fts_query(text: str) -> str:
+    """An FTS5 MATCH expression: any of the text's content words, each quoted.
+
+    Quoting every term makes FTS5 syntax in user text (``AND``, ``NEAR``, ``*``,
+    ``:``, quotes, parentheses) plain words.
+    """
+    terms = content_words(text) or words(text)
+    unique = list(dict.fromkeys(terms))[:_MAX_QUERY_TERMS]
+    return " OR ".join(f'"{term}"' for term in unique)
+
+
+# Porter stemmer (M. F. Porter, 1980), the algorithm FTS5's "porter" tokenizer uses.
+
+_VOWELS = frozenset("aeiou")
+
+
+def _is_consonant(word: str, i: int) -> bool:
+    ch = word[i]
+    if ch in _VOWELS:
+        return False
+    if ch == "y":
+        return i == 0 or not _is_consonant(word, i - 1)
+    return True
+
+
+def _measure(stem: str) -> int:
+    forms = "".join("c" if _is_consonant(stem, i) else "v" for i in range(len(stem)))
+    return len(re.findall("vc", re.sub(r"(.)\1+", r"\1", forms)))
+
+
+def _has_vowel(stem: str) -> bool:
+    return any(not _is_consonant(stem, i) for i in range(len(stem)))
+
+
+def _double_consonant(word: str) -> bool:
+    return len(word) >= 2 and word[-1] == word[-2] and _is_consonant(word, len(word) - 1)
+
+
+def _cvc(word: str) -> bool:
+    if len(word) < 3:
+        return False
+    return (
+        _is_consonant(word, len(word) - 3)
+        and not _is_consonant(word, len(word) - 2)
+        and _is_consonant(word, len(word) - 1)
+        and word[-1] not in "wxy"
+    )
+
+
+def _replace(word: str, suffix: str, repl: str, min_measure: int) -> str | None:
+    if word.endswith(suffix):
+        stem = word[: len(word) - len(suffix)]
+        return stem + repl if _measure(stem) > min_measure else word
+    return None
+
+
+_STEP2 = (
+    ("ational", "ate"), ("tional", "tion"), ("enci", "ence"), ("anci", "ance"),
+    ("izer", "ize"), ("bli", "ble"), ("alli", "al"), ("entli", "ent"), ("eli", "e"),
+    ("ousli", "ous"), ("ization", "ize"), ("ation", "ate"), ("ator", "ate"),
+    ("alism", "al"), ("iveness", "ive"), ("fulness", "ful"), ("ousness", "ous"),
+    ("aliti", "al"), ("iviti", "ive"), ("biliti", "ble"), ("logi", "log"),
+)  # fmt: skip
+_STEP3 = (
+    ("icate", "ic"), ("ative", ""), ("alize", "al"), ("iciti", "ic"), ("ical", "ic"),
+    ("ful", ""), ("ness", ""),
+)  # fmt: skip
+_STEP4 = (
+    "al", "ance", "ence", "er", "ic", "able", "ible", "ant", "ement", "ment", "ent",
+    "ion", "ou", "ism", "ate", "iti", "ous", "ive", "ize",
+)  # fmt: skip
+
+
+@lru_cache(maxsize=65536)
+def stem(word: str) -> str:
+    """The Porter stem of a lower-case word."""
+    if len(word) <= 2 or not word.isalpha():
+        return word
+    # Step 1a
+    if word.endswith(("sses", "ies")):
+        word = word[:-2]
+    elif word.endswith("ss"):
+        pass
+    elif word.endswith("s"):
+        word = word[:-1]
+    # Step 1b
+    extra = False
+    if word.endswith("eed"):
+        if _measure(word[:-3]) > 0:
+            word = word[:-1]
+    elif word.endswith("ed") and _has_vowel(word[:-2]):
+        word, extra = word[:-2], True
+    elif word.endswith("ing") and _has_vowel(word[:-3]):
+        word, extra = word[:-3], True
+    if extra:
+        if word.endswith(("at", "bl", "iz")):
+            word += "e"
+        elif _double_consonant(word) and word[-1] not in "lsz":
+            word = word[:-1]
+        elif _measure(word) == 1 and _cvc(word):
+            word += "e"
+    # Step 1c
+    if word.endswith("y") and _has_vowel(word[:-1]):
+        word = word[:-1] + "i"
+    # Step 2 and 3
+    for table in (_STEP2, _STEP3):
+        for suffix, repl in table:
+            replaced = _replace(word, suffix, repl, 0)
+            if replaced is not None:
+                word = replaced
+                break
+    # Step 4
+    for suffix in _STEP4:
+        if word.endswith(suffix):
+            stem_ = word[: len(word) - len(suffix)]
+            if _measure(stem_) > 1 and (suffix != "ion" or stem_.endswith(("s", "t"))):
+                word = stem_
+            break
+    # Step 5
+    if word.endswith("e"):
+        stem_ = word[:-1]
+        if _measure(stem_) > 1 or (_measure(stem_) == 1 and not _cvc(stem_)):
+            word = stem_
+    if _measure(word) > 1 and _double_consonant(word) and word.endswith("l"):
+        word = word[:-1]
+    return word
+
+
+def stems(text: str, *, keep_stopwords: bool = False) -> list[str]:
+    """Stemmed words of ``text`` (stop words dropped unless asked)."""
+    tokens = words(text) if keep_stopwords else content_words(text)
+    return [stem(t) for t in tokens]

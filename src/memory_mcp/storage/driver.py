@@ -1,0 +1,109 @@
+"""Which SQLite module to use, so that sqlite-vec loads on every Python.
+
+Python's own ``sqlite3`` can load extensions only when Python was built to
+allow it; pyenv's default builds and macOS's system Python cannot. There the
+``sqlean.py`` wheel (Linux, macOS, Windows), or ``pysqlite3-binary`` (Linux),
+is a drop-in ``sqlite3`` module that can. ``auto`` takes the first that loads
+sqlite-vec and has FTS5; if none can, the store still works on the lexical
+floor and ``status`` says why.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sqlite3
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Literal
+
+log = logging.getLogger(__name__)
+
+DriverName = Literal["auto", "sqlite3", "sqlean", "pysqlite3"]
+_MODULES: dict[str, str] = {
+    "sqlite3": "sqlite3",
+    "sqlean": "sqlean",
+    "pysqlite3": "pysqlite3.dbapi2",
+}
+_AUTO_ORDER = ("sqlite3", "sqlean", "pysqlite3")
+
+
+@dataclass(frozen=True)
+class Driver:
+    """A usable SQLite module and what it can do."""
+
+    name: str
+    module: ModuleType
+    sqlite_version: str
+    vectors: bool
+    vec_version: str | None
+    note: str = ""
+
+    def describe(self) -> str:
+        vec = f"sqlite-vec {self.vec_version}" if self.vectors else "no sqlite-vec"
+        text = f"{self.name} (SQLite {self.sqlite_version}, {vec})"
+        return f"{text}: {self.note}" if self.note else text
+
+    def connect(self, path: str, *, busy_timeout_ms: int) -> sqlite3.Connection:
+        """Open a connection in autocommit mode with sqlite-vec loaded when available."""
+        conn: sqlite3.Connection = self.module.connect(
+            path,
+            timeout=busy_timeout_ms / 1000,
+            isolation_level=None,
+            check_same_thread=False,
+        )
+        if self.vectors:
+            _load_vec(conn)
+        conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+        return conn
+
+
+def _load_vec(conn: Any) -> str:
+    import sqlite_vec
+
+    conn.enable_load_extension(True)
+    try:
+        sqlite_vec.load(conn)
+    finally:
+        conn.enable_load_extension(False)
+    return str(conn.execute("SELECT vec_version()").fetchone()[0])
+
+
+def _probe(name: str) -> Driver | str:
+    """A Driver for ``name``, or why it cannot be used."""
+    try:
+        module = importlib.import_module(_MODULES[name])
+    except ImportError:
+        return f"{name}: not installed"
+    conn = module.connect(":memory:")
+    try:
+        try:
+            conn.execute("CREATE VIRTUAL TABLE t USING fts5(x)")
+        except Exception as exc:  # the module's own OperationalError
+            return f"{name}: no FTS5 ({exc})"
+        version = str(module.sqlite_version)
+        if not hasattr(conn, "enable_load_extension"):
+            return f"{name}: this build cannot load SQLite extensions"
+        try:
+            vec_version = _load_vec(conn)
+        except Exception as exc:
+            return f"{name}: sqlite-vec did not load ({exc})"
+        return Driver(name, module, version, True, vec_version)
+    finally:
+        conn.close()
+
+
+def choose_driver(preference: DriverName = "auto") -> Driver:
+    """The SQLite module to use: the preferred one, or the first that loads sqlite-vec."""
+    names = _AUTO_ORDER if preference == "auto" else (preference,)
+    reasons: list[str] = []
+    for name in names:
+        found = _probe(name)
+        if isinstance(found, Driver):
+            if reasons:
+                log.info("SQLite driver %s chosen; skipped: %s", name, "; ".join(reasons))
+            return found
+        reasons.append(found)
+    note = "vectors off, lexical search only (" + "; ".join(reasons) + ")"
+    log.warning("no SQLite driver can load sqlite-vec: %s", note)
+    return Driver("sqlite3", sqlite3, sqlite3.sqlite_version, False, None, note)

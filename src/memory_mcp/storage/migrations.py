@@ -1,0 +1,232 @@
+"""Ordered, named, transactional, forward-only schema migrations.
+
+Each migration runs in its own ``BEGIN IMMEDIATE`` transaction together with
+its row in ``schema_migrations``, so a database is always on one schema or the
+next, never half-way. Migrations apply at start-up; before the first pending
+one runs on a database that already has data, the file is copied with SQLite's
+online backup. A database that knows migrations this code does not is refused
+(fail-closed) instead of being used by an older memory-mcp.
+
+Vector tables are not created here: there is one per (embedder, dimension),
+made when an embedder first writes (see ``sqlite.SqliteStore``).
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from memory_mcp.errors import SchemaTooNew, StorageError
+from memory_mcp.records import format_time, utcnow
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Migration:
+    name: str
+    apply: Callable[[sqlite3.Connection], None]
+
+
+def _statements(sql: str) -> list[str]:
+    """Split a script into complete statements (trigger bodies hold semicolons too)."""
+    statements: list[str] = []
+    current = ""
+    for line in sql.splitlines(keepends=True):
+        current += line
+        if sqlite3.complete_statement(current):
+            statements.append(current.strip())
+            current = ""
+    if current.strip():
+        statements.append(current.strip())
+    return statements
+
+
+def _script(sql: str) -> Callable[[sqlite3.Connection], None]:
+    statements = _statements(sql)
+
+    def run(conn: sqlite3.Connection) -> None:
+        # executescript() would COMMIT first; run statement by statement to stay
+        # inside the migration's transaction.
+        for statement in statements:
+            conn.execute(statement)
+
+    return run
+
+
+M001_RECORDS = """
+CREATE TABLE records (
+    seq INTEGER PRIMARY KEY,
+    id TEXT NOT NULL UNIQUE,
+    corpus TEXT NOT NULL CHECK (corpus IN ('facts', 'journal', 'docs', 'knowledge', 'insights')),
+    kind TEXT NOT NULL,
+    scope TEXT NOT NULL CHECK (scope IN ('project', 'global')),
+    scope_key TEXT NOT NULL,
+    content TEXT NOT NULL,
+    content_hash TEXT NOT NULL,
+    tags TEXT NOT NULL DEFAULT '[]',
+    importance REAL CHECK (importance IS NULL OR (importance >= 0 AND importance <= 1)),
+    pinned INTEGER NOT NULL DEFAULT 0,
+    agent TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL,
+    access_count INTEGER NOT NULL DEFAULT 0,
+    last_access_at TEXT,
+    fold_count INTEGER NOT NULL DEFAULT 0,
+    merged_from TEXT NOT NULL DEFAULT '[]',
+    merged_text TEXT NOT NULL DEFAULT '',
+    supersedes TEXT NOT NULL DEFAULT '[]',
+    replaced_by TEXT,
+    embedder TEXT,
+    meta TEXT NOT NULL DEFAULT '{}',
+    archived_at TEXT,
+    archived_reason TEXT,
+    live INTEGER GENERATED ALWAYS AS (archived_at IS NULL AND replaced_by IS NULL) VIRTUAL,
+    CHECK ((scope = 'global') = (scope_key = ''))
+);
+CREATE INDEX records_live ON records (scope_key, corpus, live, created_at);
+CREATE INDEX records_hash ON records (scope_key, corpus, content_hash);
+CREATE INDEX records_embedder ON records (embedder);
+CREATE INDEX records_archived ON records (archived_at) WHERE archived_at IS NOT NULL;
+CREATE VIRTUAL TABLE records_fts USING fts5(
+    content, merged_text, tags,
+    content = 'records', content_rowid = 'seq',
+    tokenize = 'porter unicode61 remove_diacritics 2'
+);
+CREATE TRIGGER records_fts_insert AFTER INSERT ON records BEGIN
+    INSERT INTO records_fts (rowid, content, merged_text, tags)
+    VALUES (new.seq, new.content, new.merged_text, new.tags);
+END;
+CREATE TRIGGER records_fts_delete AFTER DELETE ON records BEGIN
+    INSERT INTO records_fts (records_fts, rowid, content, merged_text, tags)
+    VALUES ('delete', old.seq, old.content, old.merged_text, old.tags);
+END;
+CREATE TRIGGER records_fts_update AFTER UPDATE OF content, merged_text, tags ON records BEGIN
+    INSERT INTO records_fts (records_fts, rowid, content, merged_text, tags)
+    VALUES ('delete', old.seq, old.content, old.merged_text, old.tags);
+    INSERT INTO records_fts (rowid, content, merged_text, tags)
+    VALUES (new.seq, new.content, new.merged_text, new.tags);
+END;
+CREATE TABLE conflicts (
+    id INTEGER PRIMARY KEY,
+    scope_key TEXT NOT NULL,
+    record_id TEXT NOT NULL,
+    other_id TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    resolved_at TEXT,
+    resolution TEXT
+);
+CREATE INDEX conflicts_open ON conflicts (scope_key) WHERE resolved_at IS NULL;
+CREATE TABLE vector_indexes (
+    table_name TEXT PRIMARY KEY,
+    embedder TEXT NOT NULL,
+    dim INTEGER NOT NULL,
+    created_at TEXT NOT NULL,
+    UNIQUE (embedder, dim)
+);
+CREATE TABLE store_meta (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+"""
+
+MIGRATIONS: tuple[Migration, ...] = (Migration("m001_records", _script(M001_RECORDS)),)
+
+
+def applied_migrations(conn: sqlite3.Connection) -> list[str]:
+    exists = conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations'"
+    ).fetchone()
+    if not exists:
+        return []
+    return [row[0] for row in conn.execute("SELECT name FROM schema_migrations ORDER BY rowid")]
+
+
+def migrate(
+    conn: sqlite3.Connection,
+    *,
+    db_path: Path | None,
+    connect: Callable[[str], sqlite3.Connection],
+    migrations: tuple[Migration, ...] = MIGRATIONS,
+) -> list[str]:
+    """Apply pending migrations in order; return the names applied.
+
+    Safe when several processes start at once: the check and each migration run
+    under the write lock, so the second process finds the work done.
+
+    Args:
+        conn: an autocommit connection to the database.
+        db_path: the database file (None for an in-memory database: no backup).
+        connect: opens another connection with the same driver (for the backup).
+        migrations: the migrations, in order.
+
+    Raises:
+        SchemaTooNew: the database has migrations this code does not know.
+        StorageError: a migration failed (it was rolled back; nothing changed).
+    """
+    known = [m.name for m in migrations]
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS schema_migrations "
+        "(name TEXT PRIMARY KEY, applied_at TEXT NOT NULL)"
+    )
+    applied_now: list[str] = []
+    backed_up = False
+    for migration in migrations:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            done = applied_migrations(conn)
+            unknown = [name for name in done if name not in known]
+            if unknown:
+                raise SchemaTooNew(
+                    f"the database was migrated by a newer memory-mcp ({', '.join(unknown)}); "
+                    "upgrade memory-mcp to use it"
+                )
+            if migration.name in done:
+                conn.execute("COMMIT")
+                continue
+            if done and db_path is not None and not backed_up:
+                backup = backup_before(db_path, migration.name, connect)
+                log.warning("backed up %s to %s before migrating", db_path, backup)
+                backed_up = True
+            migration.apply(conn)
+            conn.execute(
+                "INSERT INTO schema_migrations (name, applied_at) VALUES (?, ?)",
+                (migration.name, format_time(utcnow())),
+            )
+            conn.execute("COMMIT")
+            applied_now.append(migration.name)
+        except SchemaTooNew:
+            conn.execute("ROLLBACK")
+            raise
+        except Exception as exc:
+            conn.execute("ROLLBACK")
+            raise StorageError(
+                f"migration {migration.name} failed and was rolled back: {exc}"
+            ) from exc
+    return applied_now
+
+
+def backup_before(
+    db_path: Path, migration: str, connect: Callable[[str], sqlite3.Connection]
+) -> Path:
+    """Copy the database before ``migration`` runs; return the copy's path.
+
+    The caller holds the write lock, and a second connection reads the last
+    committed state (WAL), so the copy is exactly the pre-migration database.
+    """
+    stamp = utcnow().strftime("%Y%m%dT%H%M%S%fZ")
+    target = db_path.with_name(f"{db_path.name}.backup-{stamp}-before-{migration}")
+    source = connect(str(db_path))
+    try:
+        dest = connect(str(target))
+        try:
+            source.backup(dest)
+        finally:
+            dest.close()
+    finally:
+        source.close()
+    return target

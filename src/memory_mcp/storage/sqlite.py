@@ -1,0 +1,756 @@
+"""The SQLite store: one file, WAL, FTS5 for words, sqlite-vec for vectors.
+
+Two connections per process: a writer, whose transactions are ``BEGIN
+IMMEDIATE`` (the database's write lock, shared by every process on the file)
+and serialized in-process by a lock; and a reader, which in WAL mode never
+waits for writers.
+
+Vectors live in one vec0 table per (embedder, dimension), partitioned by scope
+key, with the corpus, kind and liveness of each record as metadata so that
+nearest-neighbour queries filter inside the index. Triggers keep FTS5 and the
+vec0 liveness in step with ``records``; application code never does.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import sqlite3
+from collections.abc import AsyncIterator, Collection, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+import anyio
+import numpy as np
+
+from memory_mcp.errors import StorageError
+from memory_mcp.lexical import fts_query
+from memory_mcp.passages import MAX_PASSAGES
+from memory_mcp.records import Conflict, MergedEntry, Record, content_hash
+from memory_mcp.storage.base import Filters, Scored, StoreStats, Vector
+from memory_mcp.storage.driver import Driver, DriverName, choose_driver
+from memory_mcp.storage.migrations import migrate
+
+log = logging.getLogger(__name__)
+
+_COLUMNS = (
+    "id",
+    "corpus",
+    "kind",
+    "scope",
+    "scope_key",
+    "content",
+    "tags",
+    "importance",
+    "pinned",
+    "agent",
+    "created_at",
+    "updated_at",
+    "access_count",
+    "last_access_at",
+    "fold_count",
+    "merged_from",
+    "supersedes",
+    "replaced_by",
+    "embedder",
+    "meta",
+    "archived_at",
+    "archived_reason",
+)
+_SELECT = ", ".join(f"r.{c}" for c in _COLUMNS)
+_BUSY_HINT = (
+    "the database is busy: another memory-mcp process held its write lock longer than "
+    "storage.busy_timeout_ms"
+)
+
+
+def _record(row: Sequence[Any]) -> Record:
+    values = dict(zip(_COLUMNS, row, strict=False))
+    return Record(
+        id=values["id"],
+        corpus=values["corpus"],
+        kind=values["kind"],
+        scope=values["scope"],
+        scope_key=values["scope_key"],
+        content=values["content"],
+        tags=json.loads(values["tags"]),
+        importance=values["importance"],
+        pinned=bool(values["pinned"]),
+        agent=values["agent"],
+        created_at=values["created_at"],
+        updated_at=values["updated_at"],
+        access_count=values["access_count"],
+        last_access_at=values["last_access_at"],
+        fold_count=values["fold_count"],
+        merged_from=[MergedEntry.from_json(m) for m in json.loads(values["merged_from"])],
+        supersedes=json.loads(values["supersedes"]),
+        replaced_by=values["replaced_by"],
+        embedder=values["embedder"],
+        meta=json.loads(values["meta"]),
+        archived_at=values["archived_at"],
+        archived_reason=values["archived_reason"],
+    )
+
+
+def _record_params(record: Record, digest: str) -> tuple[Any, ...]:
+    return (
+        record.id,
+        record.corpus,
+        record.kind,
+        record.scope,
+        record.scope_key,
+        record.content,
+        digest,
+        json.dumps(record.tags, ensure_ascii=False),
+        record.importance,
+        int(record.pinned),
+        record.agent,
+        record.created_at,
+        record.updated_at,
+        record.access_count,
+        record.last_access_at,
+        record.fold_count,
+        json.dumps([m.to_json() for m in record.merged_from], ensure_ascii=False),
+        "\n".join(m.content for m in record.merged_from),
+        json.dumps(record.supersedes),
+        record.replaced_by,
+        record.embedder,
+        json.dumps(record.meta, ensure_ascii=False),
+        record.archived_at,
+        record.archived_reason,
+    )
+
+
+_INSERT = (
+    "INSERT INTO records (id, corpus, kind, scope, scope_key, content, content_hash, tags, "
+    "importance, pinned, agent, created_at, updated_at, access_count, last_access_at, "
+    "fold_count, merged_from, merged_text, supersedes, replaced_by, embedder, meta, "
+    "archived_at, archived_reason) VALUES (" + ", ".join("?" * 24) + ")"
+)
+
+
+def _marks(values: Collection[Any]) -> str:
+    return ", ".join("?" * len(values))
+
+
+def _where(f: Filters, *, live_only: bool = True) -> tuple[str, list[Any]]:
+    clauses = [f"r.scope_key IN ({_marks(f.scope_keys)})", f"r.corpus IN ({_marks(f.corpora)})"]
+    params: list[Any] = [*f.scope_keys, *f.corpora]
+    if live_only:
+        clauses.append("r.live = 1")
+    if f.kinds:
+        clauses.append(f"r.kind IN ({_marks(f.kinds)})")
+        params.extend(f.kinds)
+    if f.tags:
+        clauses.append(
+            f"EXISTS (SELECT 1 FROM json_each(r.tags) WHERE json_each.value IN ({_marks(f.tags)}))"
+        )
+        params.extend(f.tags)
+    if f.since:
+        clauses.append("r.created_at >= ?")
+        params.append(f.since)
+    if f.until:
+        clauses.append("r.created_at < ?")
+        params.append(f.until)
+    if f.exclude_ids:
+        clauses.append(f"r.id NOT IN ({_marks(f.exclude_ids)})")
+        params.extend(f.exclude_ids)
+    return " AND ".join(clauses), params
+
+
+def _blob(vector: Vector) -> bytes:
+    return np.ascontiguousarray(vector, dtype=np.float32).tobytes()
+
+
+_TABLE_NAME = re.compile(r"^vec_[0-9]+$")
+_KNN_MAX = 4096  # sqlite-vec's largest k
+
+
+class _Queries:
+    """Read queries shared by the reader connection and write transactions."""
+
+    def __init__(self, conn: aiosqlite.Connection, store: SqliteStore) -> None:
+        self._conn = conn
+        self._store = store
+
+    async def _fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        try:
+            return list(await self._conn.execute_fetchall(sql, params))
+        except sqlite3.OperationalError as exc:
+            raise _storage_error(exc) from exc
+
+    async def lexical(self, text: str, filters: Filters, k: int) -> list[Scored]:
+        """Records matching words of ``text``, best BM25 first."""
+        match = fts_query(text)
+        if not match or not filters.scope_keys:
+            return []
+        where, params = _where(filters)
+        rows = await self._fetch(
+            f"SELECT {_SELECT}, bm25(records_fts, 1.0, 0.8, 0.3) AS s FROM records_fts "
+            f"JOIN records r ON r.seq = records_fts.rowid "
+            f"WHERE records_fts MATCH ? AND {where} ORDER BY s LIMIT ?",
+            [match, *params, k],
+        )
+        return [Scored(_record(row), -float(row[-1])) for row in rows]
+
+    async def nearest(
+        self, vector: Vector, embedder: str, filters: Filters, k: int
+    ) -> list[Scored]:
+        """The ``k`` records nearest to ``vector``, best first.
+
+        A record's similarity is the best cosine of its passages. The index
+        filters by scope, corpus and kind; filters it cannot apply (tags, time,
+        excluded ids) are applied to a deepening search, so that they act
+        before the limit.
+        """
+        table = await self._store._vector_table(self._conn, embedder)
+        if table is None or not filters.scope_keys:
+            return []
+        blob = _blob(vector)
+        clauses = [
+            "embedding MATCH ?",
+            "k = ?",
+            f"scope_key IN ({_marks(filters.scope_keys)})",
+            f"corpus IN ({_marks(filters.corpora)})",
+        ]
+        params: list[Any] = [blob, 0, *filters.scope_keys, *filters.corpora]
+        if filters.kinds:
+            clauses.append(f"kind IN ({_marks(filters.kinds)})")
+            params.extend(filters.kinds)
+        sql = f"SELECT rowid, distance FROM {table} WHERE {' AND '.join(clauses)}"
+        depth = min(_KNN_MAX, max(k * 4, 32))
+        while True:
+            params[1] = depth
+            hits = await self._fetch(sql, params)
+            best: dict[int, float] = {}
+            for rowid, distance in hits:
+                seq = int(rowid) // MAX_PASSAGES
+                best[seq] = max(best.get(seq, -1.0), 1.0 - float(distance))
+            scored = await self._records_by_seq(best, filters)
+            if len(scored) >= k or len(hits) < depth or depth >= _KNN_MAX:
+                scored.sort(key=lambda s: -s.score)
+                return scored[:k]
+            depth = min(_KNN_MAX, depth * 4)
+
+    async def _records_by_seq(self, best: dict[int, float], filters: Filters) -> list[Scored]:
+        if not best:
+            return []
+        where, params = _where(filters)
+        rows = await self._fetch(
+            f"SELECT {_SELECT}, r.seq FROM records r WHERE r.seq IN ({_marks(best)}) AND {where}",
+            [*best, *params],
+        )
+        return [Scored(_record(row), best[int(row[-1])]) for row in rows]
+
+    async def dense_scores(
+        self, vector: Vector, embedder: str, record_ids: Sequence[str]
+    ) -> dict[str, float]:
+        """The best passage cosine of each given record that has a vector."""
+        table = await self._store._vector_table(self._conn, embedder)
+        if table is None or not record_ids:
+            return {}
+        seqs = await self._fetch(
+            f"SELECT seq, id FROM records WHERE id IN ({_marks(record_ids)}) AND embedder = ?",
+            [*record_ids, embedder],
+        )
+        blob = _blob(vector)
+        scores: dict[str, float] = {}
+        for seq, record_id in seqs:
+            rows = await self._fetch(
+                f"SELECT max(1.0 - vec_distance_cosine(embedding, ?)) FROM {table} "
+                "WHERE rowid BETWEEN ? AND ?",
+                [blob, int(seq) * MAX_PASSAGES, int(seq) * MAX_PASSAGES + MAX_PASSAGES - 1],
+            )
+            if rows and rows[0][0] is not None:
+                scores[str(record_id)] = float(rows[0][0])
+        return scores
+
+    async def find_by_hash(self, content_hash: str, filters: Filters) -> list[Record]:
+        where, params = _where(filters)
+        rows = await self._fetch(
+            f"SELECT {_SELECT} FROM records r WHERE r.content_hash = ? AND {where} "
+            "ORDER BY r.created_at DESC",
+            [content_hash, *params],
+        )
+        return [_record(row) for row in rows]
+
+    async def current(self, filters: Filters, limit: int) -> list[Record]:
+        """Current records matching ``filters``, newest first."""
+        where, params = _where(filters)
+        rows = await self._fetch(
+            f"SELECT {_SELECT} FROM records r WHERE {where} "
+            "ORDER BY r.created_at DESC, r.seq DESC LIMIT ?",
+            [*params, limit],
+        )
+        return [_record(row) for row in rows]
+
+
+class _Transaction(_Queries):
+    """One ``BEGIN IMMEDIATE`` transaction on the writer connection."""
+
+    async def _exec(self, sql: str, params: Sequence[Any] = ()) -> int:
+        try:
+            cursor = await self._conn.execute(sql, params)
+        except sqlite3.OperationalError as exc:
+            raise _storage_error(exc) from exc
+        return cursor.rowcount
+
+    async def _seq(self, record_id: str) -> tuple[int, str, str, str, int] | None:
+        rows = await self._fetch(
+            "SELECT seq, scope_key, corpus, kind, live FROM records WHERE id = ?", [record_id]
+        )
+        if not rows:
+            return None
+        seq, scope_key, corpus, kind, live = rows[0]
+        return int(seq), scope_key, corpus, kind, int(live)
+
+    async def insert(self, record: Record, vectors: Vector | None) -> None:
+        """Insert a new record with its passage vectors (one row per passage)."""
+        await self._exec(_INSERT, _record_params(record, content_hash(record.content)))
+        if vectors is not None and record.embedder:
+            await self._put_vectors(record.id, vectors, record.embedder)
+
+    async def _put_vectors(self, record_id: str, vectors: Vector, embedder: str) -> None:
+        found = await self._seq(record_id)
+        if found is None:
+            return
+        seq, scope_key, corpus, kind, live = found
+        first = seq * MAX_PASSAGES
+        for other in await self._store._all_vector_tables(self._conn):
+            await self._exec(
+                f"DELETE FROM {other} WHERE rowid BETWEEN ? AND ?",
+                [first, first + MAX_PASSAGES - 1],
+            )
+        if not live:
+            return  # only current records are indexed
+        matrix = np.atleast_2d(vectors)[:MAX_PASSAGES]
+        table = await self._store._vector_table(self._conn, embedder, dim=int(matrix.shape[1]))
+        assert table is not None
+        await self._conn.executemany(
+            f"INSERT INTO {table} (rowid, scope_key, corpus, kind, embedding) "
+            "VALUES (?, ?, ?, ?, ?)",
+            [(first + i, scope_key, corpus, kind, _blob(row)) for i, row in enumerate(matrix)],
+        )
+
+    async def carry_vectors(self, from_id: str, to_id: str, embedder: str) -> int:
+        """Append ``from_id``'s passage vectors to ``to_id``'s (a fold keeps both findable)."""
+        table = await self._store._vector_table(self._conn, embedder)
+        source, target = await self._seq(from_id), await self._seq(to_id)
+        if table is None or source is None or target is None or not target[4]:
+            return 0
+        first_from, first_to = source[0] * MAX_PASSAGES, target[0] * MAX_PASSAGES
+        span = "rowid BETWEEN ? AND ?"
+        taken = await self._fetch(
+            f"SELECT count(*) FROM {table} WHERE {span}", [first_to, first_to + MAX_PASSAGES - 1]
+        )
+        free = MAX_PASSAGES - int(taken[0][0])
+        rows = await self._fetch(
+            f"SELECT embedding FROM {table} WHERE {span} ORDER BY rowid LIMIT ?",
+            [first_from, first_from + MAX_PASSAGES - 1, free],
+        )
+        _, scope_key, corpus, kind, _ = target
+        start = first_to + int(taken[0][0])
+        await self._conn.executemany(
+            f"INSERT INTO {table} (rowid, scope_key, corpus, kind, embedding) "
+            "VALUES (?, ?, ?, ?, ?)",
+            [(start + i, scope_key, corpus, kind, row[0]) for i, row in enumerate(rows)],
+        )
+        return len(rows)
+
+    async def set_vectors(self, items: Sequence[tuple[str, Vector]], embedder: str) -> int:
+        """Replace the vectors of records (re-embedding); returns how many were updated."""
+        done = 0
+        for record_id, vectors in items:
+            await self._put_vectors(record_id, vectors, embedder)
+            done += await self._exec(
+                "UPDATE records SET embedder = ? WHERE id = ? AND live = 1", [embedder, record_id]
+            )
+        return done
+
+    async def fold_into(self, old: Record, new_id: str, entry: MergedEntry, at: str) -> None:
+        """Retire ``old`` after its text moved into record ``new_id``'s ``merged_from``."""
+        del entry  # the entry lives in the new record; the old row points at it
+        await self._exec(
+            "UPDATE records SET archived_at = ?, archived_reason = 'folded', replaced_by = ?, "
+            "updated_at = ? WHERE id = ?",
+            [at, new_id, at, old.id],
+        )
+
+    async def replace(self, old: Record, new_id: str) -> None:
+        """Make ``old`` history of ``new_id`` (superseded fact, previous goal or plan)."""
+        await self._exec("UPDATE records SET replaced_by = ? WHERE id = ?", [new_id, old.id])
+
+    async def archive(self, record_id: str, reason: str, at: str) -> bool:
+        changed = await self._exec(
+            "UPDATE records SET archived_at = ?, archived_reason = ? "
+            "WHERE id = ? AND archived_at IS NULL",
+            [at, reason, record_id],
+        )
+        return changed > 0
+
+    async def add_conflict(
+        self, scope_key: str, record_id: str, other_id: str, reason: str, at: str
+    ) -> int:
+        cursor = await self._conn.execute(
+            "INSERT INTO conflicts (scope_key, record_id, other_id, reason, created_at) "
+            "VALUES (?, ?, ?, ?, ?)",
+            [scope_key, record_id, other_id, reason, at],
+        )
+        return int(cursor.lastrowid or 0)
+
+    async def import_conflict(self, conflict: Conflict) -> bool:
+        """Insert an exported conflict unless the same one is already there."""
+        exists = await self._fetch(
+            "SELECT 1 FROM conflicts WHERE record_id = ? AND other_id = ? AND created_at = ?",
+            [conflict.record_id, conflict.other_id, conflict.created_at],
+        )
+        if exists:
+            return False
+        await self._exec(
+            "INSERT INTO conflicts (scope_key, record_id, other_id, reason, created_at, "
+            "resolved_at, resolution) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [
+                conflict.scope_key,
+                conflict.record_id,
+                conflict.other_id,
+                conflict.reason,
+                conflict.created_at,
+                conflict.resolved_at,
+                conflict.resolution,
+            ],
+        )
+        return True
+
+    async def insert_raw(self, record: Record) -> bool:
+        """Insert an exported record exactly as it was; False if its id exists."""
+        exists = await self._fetch("SELECT 1 FROM records WHERE id = ?", [record.id])
+        if exists:
+            return False
+        await self._exec(_INSERT, _record_params(record, content_hash(record.content)))
+        return True
+
+
+def _storage_error(exc: sqlite3.OperationalError) -> StorageError:
+    text = str(exc)
+    if "locked" in text or "busy" in text:
+        return StorageError(_BUSY_HINT)
+    return StorageError(f"database error: {text}")
+
+
+class SqliteStore:
+    """The default store."""
+
+    def __init__(
+        self,
+        path: Path,
+        driver: Driver,
+        writer: aiosqlite.Connection,
+        reader: aiosqlite.Connection,
+    ) -> None:
+        self.path = path
+        self.driver = driver
+        self._writer = writer
+        self._reader = reader
+        self._write_lock = anyio.Lock()
+        self._queries = _Queries(reader, self)
+        self._tables: dict[str, str] = {}
+
+    @classmethod
+    async def open(
+        cls,
+        path: Path,
+        *,
+        driver: DriverName | Driver = "auto",
+        busy_timeout_ms: int = 15000,
+    ) -> SqliteStore:
+        """Open (creating and migrating as needed) the database at ``path``.
+
+        Raises:
+            StorageError: the file cannot be created, opened or migrated.
+        """
+        chosen = driver if isinstance(driver, Driver) else await _driver(driver)
+        await anyio.to_thread.run_sync(_prepare_file, path, chosen, busy_timeout_ms)
+
+        def connector() -> sqlite3.Connection:
+            conn = chosen.connect(str(path), busy_timeout_ms=busy_timeout_ms)
+            conn.execute("PRAGMA synchronous = NORMAL")
+            return conn
+
+        writer = await aiosqlite.Connection(connector, iter_chunk_size=256)
+        reader = await aiosqlite.Connection(connector, iter_chunk_size=256)
+        return cls(path, chosen, writer, reader)
+
+    @property
+    def description(self) -> str:
+        return f"sqlite {self.path} via {self.driver.describe()}"
+
+    @property
+    def vectors_available(self) -> bool:
+        return self.driver.vectors
+
+    async def close(self) -> None:
+        with anyio.CancelScope(shield=True):
+            await self._writer.close()
+            await self._reader.close()
+
+    @asynccontextmanager
+    async def write(self) -> AsyncIterator[_Transaction]:
+        """A write transaction holding the database's write lock (all processes)."""
+        async with self._write_lock:
+            try:
+                await self._writer.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                raise _storage_error(exc) from exc
+            pending = dict(self._tables)
+            try:
+                yield _Transaction(self._writer, self)
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    await self._writer.execute("ROLLBACK")
+                self._tables = pending
+                raise
+            try:
+                with anyio.CancelScope(shield=True):
+                    await self._writer.execute("COMMIT")
+            except sqlite3.OperationalError as exc:
+                with anyio.CancelScope(shield=True):
+                    await self._writer.execute("ROLLBACK")
+                self._tables = pending
+                raise _storage_error(exc) from exc
+
+    # Reads ---------------------------------------------------------------------------
+
+    async def lexical(self, text: str, filters: Filters, k: int) -> list[Scored]:
+        return await self._queries.lexical(text, filters, k)
+
+    async def nearest(
+        self, vector: Vector, embedder: str, filters: Filters, k: int
+    ) -> list[Scored]:
+        return await self._queries.nearest(vector, embedder, filters, k)
+
+    async def dense_scores(
+        self, vector: Vector, embedder: str, record_ids: Sequence[str]
+    ) -> dict[str, float]:
+        return await self._queries.dense_scores(vector, embedder, record_ids)
+
+    async def current(self, filters: Filters, limit: int) -> list[Record]:
+        return await self._queries.current(filters, limit)
+
+    async def get(self, record_id: str) -> Record | None:
+        found = await self.get_many([record_id])
+        return found[0] if found else None
+
+    async def get_many(self, record_ids: Sequence[str]) -> list[Record]:
+        if not record_ids:
+            return []
+        rows = await self._queries._fetch(
+            f"SELECT {_SELECT} FROM records r WHERE r.id IN ({_marks(record_ids)})",
+            list(record_ids),
+        )
+        by_id = {row[0]: _record(row) for row in rows}
+        return [by_id[i] for i in record_ids if i in by_id]
+
+    async def record_access(self, record_ids: Sequence[str], at: str) -> None:
+        """Count returned hits as accesses (ranking and staleness read these)."""
+        if not record_ids:
+            return
+        async with self.write() as tx:
+            await tx._exec(
+                "UPDATE records SET access_count = access_count + 1, last_access_at = ? "
+                f"WHERE id IN ({_marks(record_ids)})",
+                [at, *record_ids],
+            )
+
+    async def needing_embedding(self, embedder: str, limit: int, after: int = 0) -> list[Record]:
+        """Current records whose vectors are missing or from another embedder, oldest first."""
+        rows = await self._queries._fetch(
+            f"SELECT {_SELECT}, r.seq FROM records r "
+            "WHERE r.live = 1 AND (r.embedder IS NULL OR r.embedder != ?) AND r.seq > ? "
+            "ORDER BY r.seq LIMIT ?",
+            [embedder, after, limit],
+        )
+        return [_record(row) for row in rows]
+
+    async def count_needing_embedding(self, embedder: str | None) -> int:
+        if embedder is None:
+            return 0
+        rows = await self._queries._fetch(
+            "SELECT count(*) FROM records WHERE live = 1 AND (embedder IS NULL OR embedder != ?)",
+            [embedder],
+        )
+        return int(rows[0][0])
+
+    async def dense_embedders(self) -> dict[str, int]:
+        """Embedders that have vectors in this store, with their record counts."""
+        rows = await self._queries._fetch(
+            "SELECT embedder, count(*) FROM records WHERE embedder IS NOT NULL GROUP BY embedder"
+        )
+        return {str(name): int(n) for name, n in rows}
+
+    async def iter_records(self, *, batch: int = 500) -> AsyncIterator[Record]:
+        """Every record, archived and history included, in write order."""
+        after = 0
+        while True:
+            rows = await self._queries._fetch(
+                f"SELECT {_SELECT}, r.seq FROM records r WHERE r.seq > ? ORDER BY r.seq LIMIT ?",
+                [after, batch],
+            )
+            if not rows:
+                return
+            for row in rows:
+                yield _record(row)
+            after = int(rows[-1][-1])
+
+    async def history(self, record: Record) -> list[Record]:
+        """Records this one replaced (superseded facts, earlier goals), newest first."""
+        return await self.get_many(list(reversed(record.supersedes)))
+
+    async def conflicts(self, *, open_only: bool = False) -> list[Conflict]:
+        """Conflicts, oldest first (only unresolved ones if asked)."""
+        where = "WHERE resolved_at IS NULL" if open_only else ""
+        rows = await self._queries._fetch(
+            "SELECT id, scope_key, record_id, other_id, reason, created_at, resolved_at, "
+            f"resolution FROM conflicts {where} ORDER BY id"
+        )
+        return [Conflict(*row) for row in rows]
+
+    async def stats(self) -> StoreStats:
+        stats = StoreStats()
+        rows = await self._queries._fetch(
+            "SELECT corpus, scope, CASE WHEN archived_at IS NOT NULL THEN 'archived' "
+            "WHEN replaced_by IS NOT NULL THEN 'history' ELSE 'current' END AS state, count(*) "
+            "FROM records GROUP BY corpus, scope, state"
+        )
+        stats.records = {(c, s, st): int(n) for c, s, st, n in rows}
+        stats.embedders = await self.dense_embedders()
+        for table, embedder, dim in await self._queries._fetch(
+            "SELECT table_name, embedder, dim FROM vector_indexes ORDER BY table_name"
+        ):
+            if not _TABLE_NAME.match(table):
+                continue
+            count = await self._queries._fetch(f"SELECT count(*) FROM {table}_rowids")
+            stats.vector_indexes.append((table, embedder, int(dim), int(count[0][0])))
+        conflicts = await self._queries._fetch(
+            "SELECT count(*) FROM conflicts WHERE resolved_at IS NULL"
+        )
+        stats.open_conflicts = int(conflicts[0][0])
+        stats.database_bytes = sum(
+            p.stat().st_size
+            for p in (self.path, Path(f"{self.path}-wal"), Path(f"{self.path}-shm"))
+            if p.exists()
+        )
+        return stats
+
+    # Vector tables -------------------------------------------------------------------
+
+    async def _all_vector_tables(self, conn: aiosqlite.Connection) -> list[str]:
+        if not self.driver.vectors:
+            return []
+        rows = await conn.execute_fetchall("SELECT table_name FROM vector_indexes")
+        return [str(r[0]) for r in rows if _TABLE_NAME.match(str(r[0]))]
+
+    async def _vector_table(
+        self, conn: aiosqlite.Connection, embedder: str, *, dim: int | None = None
+    ) -> str | None:
+        """The vec0 table of ``embedder``; created (in the caller's transaction) if ``dim``."""
+        if not self.driver.vectors:
+            return None
+        cached = self._tables.get(embedder)
+        if cached is not None:
+            return cached
+        rows = list(
+            await conn.execute_fetchall(
+                "SELECT table_name, dim FROM vector_indexes WHERE embedder = ?", [embedder]
+            )
+        )
+        if rows:
+            table, existing_dim = str(rows[0][0]), int(rows[0][1])
+            if dim is not None and dim != existing_dim:
+                raise StorageError(
+                    f"embedder {embedder} returned {dim}-dimensional vectors, but its index "
+                    f"holds {existing_dim}; give a changed model a new name"
+                )
+            self._tables[embedder] = table
+            return table
+        if dim is None:
+            return None
+        number = list(
+            await conn.execute_fetchall(
+                "SELECT coalesce(max(CAST(substr(table_name, 5) AS INTEGER)), 0) + 1 "
+                "FROM vector_indexes"
+            )
+        )
+        table = f"vec_{int(number[0][0])}"
+        await conn.execute(
+            f"CREATE VIRTUAL TABLE {table} USING vec0("
+            "scope_key TEXT PARTITION KEY, corpus TEXT, kind TEXT, "
+            f"embedding FLOAT[{dim}] distance_metric=cosine)"
+        )
+        # Only current records are indexed: a record that is archived or replaced
+        # loses its vectors (restoring it re-embeds it), and so does a deleted one.
+        span = (
+            f"rowid BETWEEN {{row}}.seq * {MAX_PASSAGES} "
+            f"AND {{row}}.seq * {MAX_PASSAGES} + {MAX_PASSAGES - 1}"
+        )
+        await conn.execute(
+            f"CREATE TRIGGER {table}_retire AFTER UPDATE OF archived_at, replaced_by ON records "
+            "WHEN old.live = 1 AND new.live = 0 "
+            f"BEGIN DELETE FROM {table} WHERE {span.format(row='new')}; "
+            "UPDATE records SET embedder = NULL WHERE seq = new.seq; END"
+        )
+        await conn.execute(
+            f"CREATE TRIGGER {table}_delete AFTER DELETE ON records "
+            f"BEGIN DELETE FROM {table} WHERE {span.format(row='old')}; END"
+        )
+        await conn.execute(
+            "INSERT INTO vector_indexes (table_name, embedder, dim, created_at) "
+            "VALUES (?, ?, ?, datetime('now'))",
+            [table, embedder, dim],
+        )
+        self._tables[embedder] = table
+        return table
+
+
+_DRIVERS: dict[str, Driver] = {}
+
+
+async def _driver(preference: DriverName) -> Driver:
+    if preference not in _DRIVERS:
+        _DRIVERS[preference] = await anyio.to_thread.run_sync(choose_driver, preference)
+    return _DRIVERS[preference]
+
+
+def _prepare_file(path: Path, driver: Driver, busy_timeout_ms: int) -> None:
+    """Create the directory and file owner-only, switch to WAL, and migrate."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if not path.exists():
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            os.close(fd)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise StorageError(f"cannot create the database at {path}: {exc}") from exc
+
+    def connect(target: str) -> sqlite3.Connection:
+        return driver.connect(target, busy_timeout_ms=busy_timeout_ms)
+
+    try:
+        conn = connect(str(path))
+    except sqlite3.Error as exc:
+        raise StorageError(f"cannot open the database at {path}: {exc}") from exc
+    try:
+        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            log.warning("the database at %s is in %s mode, not WAL", path, mode)
+        applied = migrate(conn, db_path=path, connect=connect)
+        if applied:
+            log.info("applied migrations: %s", ", ".join(applied))
+    except sqlite3.DatabaseError as exc:
+        raise StorageError(f"cannot use the database at {path}: {exc}") from exc
+    finally:
+        conn.close()

@@ -1,0 +1,100 @@
+"""Ordered, named, transactional, forward-only migrations: fail-closed, backed up first."""
+
+from __future__ import annotations
+
+import sqlite3
+import stat
+from pathlib import Path
+
+import pytest
+
+from memory_mcp.errors import SchemaTooNew, StorageError
+from memory_mcp.storage.driver import choose_driver
+from memory_mcp.storage.migrations import MIGRATIONS, Migration, applied_migrations, migrate
+from memory_mcp.storage.sqlite import SqliteStore
+
+pytestmark = pytest.mark.anyio
+
+DRIVER = choose_driver()
+
+
+def connect(path: str) -> sqlite3.Connection:
+    return DRIVER.connect(path, busy_timeout_ms=5000)
+
+
+def test_a_new_database_gets_every_migration_in_order(tmp_path: Path) -> None:
+    conn = connect(str(tmp_path / "m.db"))
+    applied = migrate(conn, db_path=tmp_path / "m.db", connect=connect)
+    assert applied == [m.name for m in MIGRATIONS]
+    assert applied_migrations(conn) == applied
+    assert migrate(conn, db_path=tmp_path / "m.db", connect=connect) == []  # idempotent
+    assert not list(tmp_path.glob("m.db.backup-*"))  # nothing to back up in a new database
+
+
+def test_a_pending_migration_runs_after_a_backup_of_the_old_database(tmp_path: Path) -> None:
+    db = tmp_path / "m.db"
+    conn = connect(str(db))
+    migrate(conn, db_path=db, connect=connect)
+    conn.execute(
+        "INSERT INTO conflicts (scope_key, record_id, other_id, reason, created_at) "
+        "VALUES ('/r', 'a', 'b', 'x', 'now')"
+    )
+    extra = Migration(
+        "m999_test_column", lambda c: c.execute("ALTER TABLE conflicts ADD note TEXT")
+    )
+    assert migrate(conn, db_path=db, connect=connect, migrations=(*MIGRATIONS, extra)) == [
+        extra.name
+    ]
+    backups = list(tmp_path.glob("m.db.backup-*-before-m999_test_column"))
+    assert len(backups) == 1
+    old = sqlite3.connect(backups[0])
+    assert old.execute("SELECT count(*) FROM conflicts").fetchone()[0] == 1
+    columns = [row[1] for row in old.execute("PRAGMA table_info(conflicts)")]
+    assert "note" not in columns  # the backup is the pre-migration schema
+
+
+def test_a_failing_migration_rolls_back_completely(tmp_path: Path) -> None:
+    db = tmp_path / "m.db"
+    conn = connect(str(db))
+    migrate(conn, db_path=db, connect=connect)
+
+    def half_then_fail(c: sqlite3.Connection) -> None:
+        c.execute("CREATE TABLE half_done (x)")
+        c.execute("INSERT INTO no_such_table VALUES (1)")
+
+    broken = Migration("m999_broken", half_then_fail)
+    with pytest.raises(StorageError, match="m999_broken failed and was rolled back"):
+        migrate(conn, db_path=db, connect=connect, migrations=(*MIGRATIONS, broken))
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert "half_done" not in tables
+    assert "m999_broken" not in applied_migrations(conn)
+
+
+def test_a_database_from_a_newer_version_is_refused(tmp_path: Path) -> None:
+    db = tmp_path / "m.db"
+    conn = connect(str(db))
+    migrate(conn, db_path=db, connect=connect)
+    conn.execute("INSERT INTO schema_migrations VALUES ('m999_from_the_future', 'later')")
+    with pytest.raises(SchemaTooNew, match="newer memory-mcp"):
+        migrate(conn, db_path=db, connect=connect)
+
+
+async def test_open_refuses_a_newer_database_instead_of_using_it(tmp_path: Path) -> None:
+    db = tmp_path / "m.db"
+    store = await SqliteStore.open(db)
+    await store.close()
+    conn = connect(str(db))
+    conn.execute("INSERT INTO schema_migrations VALUES ('m999_from_the_future', 'later')")
+    conn.close()
+    with pytest.raises(SchemaTooNew):
+        await SqliteStore.open(db)
+
+
+async def test_the_database_is_in_wal_mode_and_private_to_its_owner(tmp_path: Path) -> None:
+    db = tmp_path / "data" / "memory.db"
+    store = await SqliteStore.open(db)
+    await store.close()
+    conn = connect(str(db))
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert stat.S_IMODE(db.stat().st_mode) == 0o600
+    assert stat.S_IMODE(db.parent.stat().st_mode) == 0o700

@@ -1,0 +1,162 @@
+"""The SQLite store on real files: FTS5 and vectors stay in step with the records."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from memory_mcp.records import Record, format_time, utcnow
+from memory_mcp.storage.base import Filters
+from memory_mcp.storage.sqlite import SqliteStore
+from memory_mcp.write import new_id
+
+pytestmark = pytest.mark.anyio
+
+FILTERS = Filters(scope_keys=("/repo",), corpora=("facts",))
+
+
+def record(content: str, *, embedder: str | None = None) -> Record:
+    now = format_time(utcnow())
+    return Record(
+        id=new_id("facts"),
+        corpus="facts",
+        kind="fact",
+        scope="project",
+        scope_key="/repo",
+        content=content,
+        agent="test",
+        created_at=now,
+        updated_at=now,
+        embedder=embedder,
+    )
+
+
+def unit(*values: float) -> np.ndarray:
+    v = np.asarray(values, dtype=np.float32)
+    return v / np.linalg.norm(v)
+
+
+async def test_fts_follows_inserts_updates_and_deletes(tmp_path: Path) -> None:
+    store = await SqliteStore.open(tmp_path / "m.db")
+    try:
+        r = record("The staging database is reset every Sunday")
+        async with store.write() as tx:
+            await tx.insert(r, None)
+        assert [s.record.id for s in await store.lexical("staging reset", FILTERS, 5)] == [r.id]
+        async with store.write() as tx:
+            await tx._exec(
+                "UPDATE records SET content = 'Production is frozen on Fridays' WHERE id = ?",
+                [r.id],
+            )
+        assert await store.lexical("staging", FILTERS, 5) == []
+        assert [s.record.id for s in await store.lexical("frozen fridays", FILTERS, 5)] == [r.id]
+        async with store.write() as tx:
+            await tx._exec("DELETE FROM records WHERE id = ?", [r.id])
+        assert await store.lexical("frozen", FILTERS, 5) == []
+    finally:
+        await store.close()
+
+
+async def test_fts_syntax_in_a_query_is_searched_as_plain_words(tmp_path: Path) -> None:
+    store = await SqliteStore.open(tmp_path / "m.db")
+    try:
+        r = record("Use NEAR-zero downtime deploys; see docs (AND notes)")
+        async with store.write() as tx:
+            await tx.insert(r, None)
+        for query in [
+            'NEAR("deploys" AND',
+            "deploys*",
+            "content:deploys",
+            "^deploys)",
+            '"unbalanced',
+        ]:
+            hits = await store.lexical(query, FILTERS, 5)
+            assert [h.record.id for h in hits] in ([r.id], []), query
+        assert await store.lexical("***", FILTERS, 5) == []
+    finally:
+        await store.close()
+
+
+async def test_each_embedder_and_dimension_gets_its_own_vector_index(tmp_path: Path) -> None:
+    store = await SqliteStore.open(tmp_path / "m.db")
+    try:
+        a, b = record("alpha", embedder="model-a"), record("beta", embedder="model-b")
+        async with store.write() as tx:
+            await tx.insert(a, unit(1, 0, 0)[None, :])
+            await tx.insert(b, unit(1, 0, 0, 0, 0)[None, :])
+        near_a = await store.nearest(unit(1, 0, 0), "model-a", FILTERS, 5)
+        near_b = await store.nearest(unit(1, 0, 0, 0, 0), "model-b", FILTERS, 5)
+        assert [s.record.id for s in near_a] == [a.id]
+        assert [s.record.id for s in near_b] == [b.id]
+        stats = await store.stats()
+        assert [(e, d) for _, e, d, _ in stats.vector_indexes] == [("model-a", 3), ("model-b", 5)]
+    finally:
+        await store.close()
+
+
+async def test_a_record_scores_by_its_best_passage(tmp_path: Path) -> None:
+    store = await SqliteStore.open(tmp_path / "m.db")
+    try:
+        r = record("long text", embedder="m")
+        passages = np.stack([unit(1, 0, 0), unit(0, 1, 0), unit(0, 0, 1)])
+        async with store.write() as tx:
+            await tx.insert(r, passages)
+        hits = await store.nearest(unit(0, 0, 1), "m", FILTERS, 5)
+        assert len(hits) == 1 and abs(hits[0].score - 1.0) < 1e-5
+        assert abs((await store.dense_scores(unit(0, 1, 0), "m", [r.id]))[r.id] - 1.0) < 1e-5
+    finally:
+        await store.close()
+
+
+async def test_archiving_removes_vectors_and_hides_the_record(tmp_path: Path) -> None:
+    store = await SqliteStore.open(tmp_path / "m.db")
+    try:
+        r = record("gamma", embedder="m")
+        async with store.write() as tx:
+            await tx.insert(r, unit(1, 1, 0)[None, :])
+            assert await tx.archive(r.id, "forgotten", format_time(utcnow()))
+        assert await store.nearest(unit(1, 1, 0), "m", FILTERS, 5) == []
+        assert await store.lexical("gamma", FILTERS, 5) == []
+        archived = await store.get(r.id)
+        assert archived is not None and archived.archived_reason == "forgotten"
+        assert archived.embedder is None  # restoring re-embeds it
+        stats = await store.stats()
+        assert stats.vector_indexes[0][3] == 0
+    finally:
+        await store.close()
+
+
+async def test_filters_apply_before_the_limit_in_the_vector_search(tmp_path: Path) -> None:
+    store = await SqliteStore.open(tmp_path / "m.db")
+    try:
+        rows = [record(f"fact {i}", embedder="m") for i in range(40)]
+        rows[-1].tags = ["rare"]
+        async with store.write() as tx:
+            for i, r in enumerate(rows):
+                await tx.insert(r, unit(1, i / 40, 0)[None, :])
+        tagged = Filters(scope_keys=("/repo",), corpora=("facts",), tags=("rare",))
+        hits = await store.nearest(unit(1, 0, 0), "m", tagged, 3)
+        assert [h.record.id for h in hits] == [rows[-1].id]
+    finally:
+        await store.close()
+
+
+async def test_a_failed_transaction_leaves_nothing_behind(tmp_path: Path) -> None:
+    store = await SqliteStore.open(tmp_path / "m.db")
+    try:
+        r = record("delta", embedder="m")
+        try:
+            async with store.write() as tx:
+                await tx.insert(r, unit(0, 1, 1)[None, :])
+                raise RuntimeError("crash between two writes")
+        except RuntimeError:
+            pass
+        assert await store.get(r.id) is None
+        assert await store.nearest(unit(0, 1, 1), "m", FILTERS, 5) == []
+        async with store.write() as tx:  # the store is still usable, the index recreatable
+            await tx.insert(r, unit(0, 1, 1)[None, :])
+        assert [h.record.id for h in await store.nearest(unit(0, 1, 1), "m", FILTERS, 5)] == [r.id]
+    finally:
+        await store.close()
