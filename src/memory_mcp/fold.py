@@ -1,0 +1,363 @@
+"""The fold decision: is a new fact a duplicate, an update, a contradiction, or new?
+
+Dense similarity alone cannot tell: an update ("minimum iOS 15" -> "16") or a
+contradiction ("run with -x" -> "never run with -x") is *closer* in embedding
+space than a true paraphrase. So the decision looks at what differs between
+the two texts:
+
+- **values** - numbers, versions, paths, hosts, identifiers, flags, names: a
+  value present only in the old text and another only in the new one means the
+  subject's value changed (supersede);
+- **polarity** - negations and antonyms (never/always, enabled/disabled,
+  allowed/forbidden ...) present on one side only mean a contradiction
+  (conflict);
+- **order** - the same words in a different order can swap roles ("A acquired
+  B" / "B acquired A"), so a reordered near-copy is not folded;
+- **change cues** - "renamed", "moved to", "upgraded", "now" ... in the new text
+  mark an update even when the old value is not restated.
+
+Similarity (dense cosine, or word overlap on the BM25 floor) only says whether
+the two are about the same subject and how close the wording is. Thresholds
+are relative to the embedder and live in ``FoldSettings``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Literal
+
+from memory_mcp.config import FoldSettings
+from memory_mcp.lexical import STOPWORDS, fold_accents, stem, words
+from memory_mcp.records import normalized_text
+
+FoldAction = Literal["fold", "supersede", "conflict", "insert"]
+
+# Word overlap from which two texts count as near-copies of each other.
+_NEAR_COPY = 0.6
+_ALIGN_MAX = 400
+_NOVEL_WORDS = 10  # content words one side has and the other lacks
+
+# Negation cues, matched on raw lower-cased text (contractions included).
+_NEGATION = re.compile(
+    r"\b(?:not|no|never|none|nor|cannot|can't|won't|don't|doesn't|didn't|isn't|aren't|"
+    r"wasn't|weren't|shouldn't|mustn't|hasn't|haven't|without|no\s+longer|neither)\b"
+    r"|n't\b"
+)
+
+# Pairs of opposite words (stems); one on each side is a contradiction.
+_ANTONYMS: tuple[tuple[frozenset[str], frozenset[str]], ...] = tuple(
+    (frozenset(stem(w) for w in pos.split()), frozenset(stem(w) for w in neg.split()))
+    for pos, neg in (
+        ("enabled enable on", "disabled disable off"),
+        ("true", "false"),
+        (
+            "allowed allow permitted acceptable fine ok may",
+            "forbidden banned disallowed prohibited",
+        ),
+        ("public", "private"),
+        ("safe", "unsafe dangerous"),
+        ("always", "never"),
+        ("works work", "breaks break broken"),
+        ("accepts accept", "rejects reject"),
+        ("soft", "hard"),
+        ("sync synchronous", "async asynchronous"),
+        ("include includes", "exclude excludes"),
+        ("liberal detailed", "minimal"),
+        ("required mandatory", "optional"),
+        ("preferred prefer", "forbidden avoid"),
+        ("supports support", "lacks"),
+    )
+)
+
+_CHANGE_CUE = re.compile(
+    r"\b(?:renamed|moved|migrated|switched|upgraded|downgraded|replaced|raised|lowered|"
+    r"increased|decreased|changed|bumped|took\s+over|now|no\s+longer|since|deprecated|"
+    r"decommissioned|from\s+\S+\s+to)\b",
+    re.IGNORECASE,
+)
+
+# Value-like tokens: what a fact's subject is set to.
+_VALUE = re.compile(
+    r"`[^`]+`"  # code spans
+    r"|\b[a-z][a-z0-9+.\-]*://\S+"  # URLs
+    r"|(?<![\w@])@[\w\-./]+"  # @handles, @scope/packages
+    r"|(?<![\w-])--?[a-zA-Z][\w\-]*(?:=\S+)?"  # flags
+    r"|[~.]?[\w\-.]*/[\w\-./<>*]+"  # paths
+    r"|\b\w+(?:\.\w+)+\b"  # dotted names: hosts, files, versions
+    r"|\b\d[\d,.:]*(?:[a-zA-Z%]{1,3})?\b"  # numbers with short units (512Mi, 10m, 85%)
+    r"|\b[a-z]+_[a-z0-9_]+\b"  # snake_case identifiers
+    r"|\b[a-z]+[A-Z]\w*\b"  # camelCase
+    r"|\b[A-Z][a-zA-Z0-9]*[A-Z0-9]\w*\b"  # CamelCase, ALLCAPS, PascalCase names
+    r"|(?<=[\w,;)] )[A-Z][a-z]+\b"  # capitalized words inside a sentence: names
+)
+# Short all-caps words are vocabulary (CI, PR, ORM, UTC), not values.
+_ACRONYM = re.compile(r"^[a-z]{2,4}s?$")
+_NUMBER_WORDS = {
+    "zero": "0", "one": "1", "two": "2", "three": "3", "four": "4", "five": "5", "six": "6",
+    "seven": "7", "eight": "8", "nine": "9", "ten": "10", "eleven": "11", "twelve": "12",
+    "fifteen": "15", "twenty": "20", "thirty": "30", "forty": "40", "fifty": "50",
+    "sixty": "60", "hundred": "100", "thousand": "1000", "single": "1", "once": "1",
+    "twice": "2", "pair": "2", "couple": "2", "dozen": "12", "half": "0.5",
+}  # fmt: skip
+
+
+def _value_key(token: str) -> str:
+    """A value in comparable form: no backticks, quotes, trailing punctuation or case."""
+    text = token.strip("`'\".,;:()[]").casefold()
+    return text.rstrip("/")
+
+
+def values(text: str) -> frozenset[str]:
+    """Value-like tokens of ``text``, in comparable form."""
+    found: set[str] = set()
+    for match in _VALUE.finditer(text):
+        token = match.group(0)
+        key = _value_key(token)
+        if not key or key in STOPWORDS:
+            continue
+        if token.isupper() and _ACRONYM.match(key):
+            continue
+        found.add(key)
+    for word in words(text):
+        if word in _NUMBER_WORDS:
+            found.add(_NUMBER_WORDS[word])
+    return frozenset(found)
+
+
+def _plain(text: str) -> str:
+    return " ".join(fold_accents(text).casefold().replace("`", " ").split())
+
+
+_ATOM = re.compile(r"[a-z]+|[0-9]+")
+_QUANTITY = re.compile(r"^(\d+)(?:[a-z%]{0,3})$")
+
+
+def _atoms(value: str) -> frozenset[str]:
+    """Letter and digit runs of a value, numbers without leading zeros."""
+    return frozenset(a.lstrip("0") or "0" if a.isdigit() else a for a in _ATOM.findall(value))
+
+
+def _unmatched(side: frozenset[str], other: frozenset[str], plain: str) -> frozenset[str]:
+    """Values of ``side`` that the other text does not state.
+
+    A value is stated when the other side has it, spelled the same, split over
+    several of its values ("`~/.config/harbor/config.toml`" / "config.toml under
+    ~/.config/harbor") or spelled out in its words. It is not stated when the
+    other side has a different value in the same slot: one with more or fewer
+    parts ("db/migrations" / "src/db/migrations"), or sharing some parts but
+    not all ("acme-web" / "acme-frontend").
+    """
+    other_words = set(_ATOM.findall(plain))
+    other_words |= {a.lstrip("0") or "0" for a in other_words if a.isdigit()}
+    other_atoms = {w: _atoms(w) for w in other}
+    side_atoms = {v: _atoms(v) for v in side}
+    missing = set()
+    for value, atoms in side_atoms.items():
+        if value in other:
+            continue
+        quantity = _QUANTITY.match(value)
+        if quantity:
+            # 512Mi / 512 MiB, 5-second / 5s: the number is the value, units are wording.
+            if (quantity.group(1).lstrip("0") or "0") not in other_words:
+                missing.add(value)
+            continue
+        if _standalone(value, plain):
+            continue  # written out in full on the other side
+        if _split_over(atoms, [a for a in other_atoms.values() if a < atoms]):
+            continue  # this value, written as several values on the other side
+        if any(
+            atoms < w and _split_over(w, [a for a in side_atoms.values() if a < w])
+            for w in other_atoms.values()
+        ):
+            continue  # part of an other-side value that this side splits up
+        nested = any(atoms < w or w < atoms for w in other_atoms.values())
+        clash = any(atoms & w and not (atoms <= w or w <= atoms) for w in other_atoms.values())
+        if nested or clash:
+            missing.add(value)
+            continue
+        present = sum(1 for a in atoms if a in other_words)
+        if not atoms or present * 3 < len(atoms) * 2:
+            missing.add(value)
+    return frozenset(missing)
+
+
+def _standalone(value: str, text: str) -> bool:
+    """Whether ``value`` occurs in ``text`` on its own, not inside a longer path or name."""
+    start = text.find(value)
+    while start >= 0:
+        end = start + len(value)
+        before = text[start - 1] if start > 0 else " "
+        after = text[end] if end < len(text) else " "
+        if not (_JOINER.match(before) or (_JOINER.match(after) and after not in ".,;:")):
+            return True
+        start = text.find(value, start + 1)
+    return False
+
+
+_JOINER = re.compile(r"[\w/\\~\-.:@]")
+
+
+def _split_over(whole: frozenset[str], parts: list[frozenset[str]]) -> bool:
+    """Whether at least two smaller values together make up ``whole``."""
+    return len(parts) >= 2 and frozenset().union(*parts) == whole
+
+
+def polarity(text: str) -> int:
+    """How many negation cues ``text`` has."""
+    return len(_NEGATION.findall(fold_accents(text).casefold().replace("\u2019", "'")))
+
+
+def _content_stems(text: str) -> list[str]:
+    return [stem(w) for w in words(text) if w not in STOPWORDS]
+
+
+def _disorder(old: list[str], new: list[str]) -> int:
+    """Shared words that cannot be aligned in order: |common multiset| - LCS.
+
+    Zero when the words both texts share appear in the same order; a swap of
+    two names ("born in A, grew up in B" / "born in B, grew up in A") leaves
+    at least one shared word unaligned.
+    """
+    common = sum((Counter(old) & Counter(new)).values())
+    if common == 0:
+        return 0
+    previous = [0] * (len(new) + 1)
+    for word in old:
+        row = [0]
+        for j, other in enumerate(new):
+            row.append(previous[j] + 1 if word == other else max(previous[j + 1], row[j]))
+        previous = row
+    return common - previous[-1]
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What differs between an existing record (old) and a new text."""
+
+    similarity: float  # dense cosine, or word overlap on the lexical floor
+    dense: bool
+    exact: bool
+    overlap: float  # Jaccard of content stems
+    old_only_values: frozenset[str]
+    new_only_values: frozenset[str]
+    old_only_words: frozenset[str]  # content stems, values excluded
+    new_only_words: frozenset[str]
+    polarity_flip: bool
+    antonym: bool
+    disorder: int
+    change_cue: bool
+
+
+@dataclass(frozen=True)
+class _Text:
+    """What the decision needs from one text, computed once per text."""
+
+    stems: tuple[str, ...]
+    stem_set: frozenset[str]
+    values: frozenset[str]
+    plain: str
+    normalized: str
+    negated: bool
+    change_cue: bool
+
+
+@lru_cache(maxsize=4096)
+def _analyse(text: str) -> _Text:
+    stems = tuple(_content_stems(text))
+    return _Text(
+        stems=stems,
+        stem_set=frozenset(stems),
+        values=values(text),
+        plain=_plain(text),
+        normalized=normalized_text(text),
+        negated=polarity(text) > 0,
+        change_cue=bool(_CHANGE_CUE.search(text)),
+    )
+
+
+def compare(old: str, new: str, similarity: float | None = None) -> Evidence:
+    """Collect the evidence for ``decide``.
+
+    Args:
+        old: the stored record's text.
+        new: the text being written.
+        similarity: dense cosine between the two, when both have vectors.
+    """
+    a, b = _analyse(old), _analyse(new)
+    union = a.stem_set | b.stem_set
+    overlap = len(a.stem_set & b.stem_set) / len(union) if union else 1.0
+    only_old, only_new = a.stem_set - b.stem_set, b.stem_set - a.stem_set
+    value_words = {stem(w) for v in a.values | b.values for w in words(v)}
+    antonym = any(
+        (pos & only_old and neg & only_new) or (neg & only_old and pos & only_new)
+        for pos, neg in _ANTONYMS
+    )
+    return Evidence(
+        similarity=overlap if similarity is None else similarity,
+        dense=similarity is not None,
+        exact=a.normalized == b.normalized,
+        overlap=overlap,
+        old_only_values=_unmatched(a.values, b.values, b.plain),
+        new_only_values=_unmatched(b.values, a.values, a.plain),
+        old_only_words=frozenset(only_old - value_words),
+        new_only_words=frozenset(only_new - value_words),
+        polarity_flip=a.negated != b.negated,
+        antonym=antonym,
+        # Order only matters for near-copies; bounded, as the alignment is quadratic.
+        disorder=(
+            _disorder(list(a.stems[:_ALIGN_MAX]), list(b.stems[:_ALIGN_MAX]))
+            if overlap >= _NEAR_COPY
+            else 0
+        ),
+        change_cue=b.change_cue and not a.change_cue,
+    )
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: FoldAction
+    reason: str
+
+
+def decide(ev: Evidence, settings: FoldSettings) -> Decision:
+    """Fold, supersede, conflict or insert, from the evidence."""
+    if ev.exact:
+        return Decision("fold", "exact repeat")
+    threshold = settings.dense_threshold if ev.dense else settings.lexical_threshold
+    # Same subject: close in meaning, or sharing most words (a negation can push
+    # two short texts apart in embedding space while their words stay the same).
+    same_subject = ev.overlap >= settings.lexical_subject or (
+        ev.dense and ev.similarity >= settings.dense_subject
+    )
+    if not same_subject:
+        return Decision("insert", "different subject")
+    # A fact restated, updated or contradicted shares most of its words; texts that
+    # each say many things the other does not are different memories, however
+    # close in embedding space (two turns of one conversation).
+    if len(ev.old_only_words) > _NOVEL_WORDS or len(ev.new_only_words) > _NOVEL_WORDS:
+        return Decision("insert", "different statements")
+    if ev.polarity_flip or ev.antonym:
+        return Decision("conflict", "same subject, opposite statement")
+    changed = bool(ev.old_only_values and ev.new_only_values)
+    # Other words changed on both sides too: another attribute of the subject
+    # ("worker concurrency is 8" / "worker prefetch multiplier is 1"), not an update.
+    other_attribute = bool(ev.old_only_words and ev.new_only_words)
+    # Several values changed at once: another subject with its own values
+    # ("service A on port 8000" / "service B on port 8001"), not an update.
+    several = len(ev.old_only_values) >= 2 and len(ev.new_only_values) >= 2
+    if several:
+        return Decision("insert", "another subject with its own values")
+    if ev.change_cue and (ev.old_only_values or ev.new_only_values):
+        return Decision("supersede", "same subject, changed value")
+    if changed and not other_attribute:
+        return Decision("supersede", "same subject, changed value")
+    if changed:
+        return Decision("insert", "same subject, another attribute")
+    # A near-copy whose shared words moved may have swapped roles ("A acquired B").
+    swapped = ev.disorder > 0 and ev.overlap >= _NEAR_COPY
+    if ev.similarity >= threshold and not swapped:
+        return Decision("fold", "same fact reworded")
+    return Decision("insert", "related but different")

@@ -1,0 +1,320 @@
+"""The write pipeline (SPEC §3): validate, sanitize, then decide and write atomically.
+
+``prepare`` turns caller input into a ``Draft`` (or raises ``InvalidInput``):
+size limits, control characters, secret redaction. Embedding happens between
+the two steps, outside any lock. ``apply`` runs inside one write transaction:
+it reads the nearest records of the same scope and corpus, decides what the
+new text is to them, and writes the outcome - so two processes storing one
+fact at once end with one canonical record.
+
+Update rules per corpus (see ``records``): facts fold / supersede / conflict /
+insert; journal entries append, folding exact repeats; a goal or plan replaces
+the current one, which becomes history.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import time
+import unicodedata
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+
+from memory_mcp.config import FoldSettings, WriteSettings
+from memory_mcp.errors import InvalidInput, SecretRejected
+from memory_mcp.fold import compare, decide
+from memory_mcp.records import (
+    CORPUS_OF_KIND,
+    STORABLE_KINDS,
+    Action,
+    Corpus,
+    MergedEntry,
+    Record,
+    Redaction,
+    StoreResult,
+    content_hash,
+    format_time,
+)
+from memory_mcp.scope import Scope
+from memory_mcp.secret_scan import redact
+from memory_mcp.storage.base import Filters, Vector, WriteTransaction
+
+MAX_TAGS = 20
+MAX_TAG_CHARS = 64
+MAX_AGENT_CHARS = 64
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\u200b\u2028\u2029\ufeff]")
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+_ID_PREFIX: dict[Corpus, str] = {
+    "facts": "f",
+    "journal": "j",
+    "docs": "d",
+    "knowledge": "k",
+    "insights": "i",
+}
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+
+
+def new_id(corpus: Corpus) -> str:
+    """A time-ordered unique id (ULID layout), prefixed by corpus: ``f_01J...``."""
+    value = (int(time.time() * 1000) << 80) | int.from_bytes(os.urandom(10), "big")
+    chars = []
+    for _ in range(26):
+        chars.append(_CROCKFORD[value & 31])
+        value >>= 5
+    return f"{_ID_PREFIX[corpus]}_{''.join(reversed(chars))}"
+
+
+def clean_text(text: str) -> str:
+    """NFC text without control characters, invalid surrogates or trailing space."""
+    text = _SURROGATE.sub("\ufffd", text)
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    text = _CONTROL.sub("", unicodedata.normalize("NFC", text))
+    return "\n".join(line.rstrip() for line in text.strip().split("\n"))
+
+
+@dataclass
+class Draft:
+    """A validated write, before the fold decision."""
+
+    record: Record
+    redactions: list[Redaction] = field(default_factory=list)
+
+    @property
+    def corpus(self) -> Corpus:
+        return self.record.corpus
+
+
+def prepare(
+    content: object,
+    *,
+    kind: str,
+    scope: Scope,
+    importance: float | None,
+    tags: Sequence[str],
+    agent: str,
+    at: datetime,
+    pinned: bool = False,
+    settings: WriteSettings,
+    kinds: Sequence[str] = STORABLE_KINDS,
+) -> Draft:
+    """Validate and sanitize one write.
+
+    Raises:
+        InvalidInput: an argument is unusable; the message says what to change.
+        SecretRejected: the content holds a secret and the policy is ``reject``.
+    """
+    if not isinstance(content, str):
+        raise InvalidInput("content must be text")
+    if len(content) > settings.max_chars:
+        raise InvalidInput(
+            f"content is {len(content):,} characters; the limit is {settings.max_chars:,} "
+            "(write.max_chars). Store the durable point, not the whole text"
+        )
+    if kind not in kinds:
+        raise InvalidInput(f"unknown kind {kind!r}; use one of: {', '.join(kinds)}")
+    if importance is not None and (
+        isinstance(importance, bool) or not math.isfinite(importance) or not 0 <= importance <= 1
+    ):
+        raise InvalidInput(f"importance must be a number from 0 to 1, got {importance!r}")
+    text = clean_text(content)
+    if not text:
+        raise InvalidInput("content is empty; pass the text to remember")
+
+    redactions: list[Redaction] = []
+    if settings.secrets != "off":
+        scan = redact(text)
+        if scan.found and settings.secrets == "reject":
+            kinds_found = ", ".join(r.kind for r in scan.redactions)
+            raise SecretRejected(
+                f"content holds what looks like a secret ({kinds_found}); remove it and store "
+                "where the secret lives instead (write.secrets = reject)"
+            )
+        text, redactions = scan.text, scan.redactions
+
+    corpus = CORPUS_OF_KIND[kind]
+    stamp = format_time(at)
+    record = Record(
+        id=new_id(corpus),
+        corpus=corpus,
+        kind=kind,
+        scope=scope.name,
+        scope_key=scope.key,
+        content=text,
+        agent=_agent(agent),
+        created_at=stamp,
+        updated_at=stamp,
+        tags=_tags(tags),
+        importance=importance,
+        pinned=pinned,
+    )
+    return Draft(record, redactions)
+
+
+def _tags(tags: Sequence[str]) -> list[str]:
+    if isinstance(tags, str):
+        tags = [tags]
+    out: list[str] = []
+    for tag in tags:
+        if not isinstance(tag, str):
+            raise InvalidInput("tags must be a list of short strings")
+        clean = clean_text(tag).casefold()
+        if not clean:
+            continue
+        if len(clean) > MAX_TAG_CHARS or "\n" in clean:
+            raise InvalidInput(
+                f"tag {clean[:20]!r}... is too long; keep tags under {MAX_TAG_CHARS} characters"
+            )
+        if clean not in out:
+            out.append(clean)
+    if len(out) > MAX_TAGS:
+        raise InvalidInput(f"{len(out)} tags given; the limit is {MAX_TAGS}")
+    return out
+
+
+def _agent(agent: str) -> str:
+    clean = clean_text(agent or "unknown").replace("\n", " ")
+    return clean[:MAX_AGENT_CHARS] or "unknown"
+
+
+async def apply(
+    tx: WriteTransaction,
+    draft: Draft,
+    vectors: Vector | None,
+    *,
+    embedder: str | None,
+    fold_settings: FoldSettings,
+    now: str,
+) -> StoreResult:
+    """Decide what the draft is to the records already there, and write it."""
+    record = draft.record
+    if vectors is not None and embedder is not None:
+        record.embedder = embedder
+    same_corpus = Filters(scope_keys=(record.scope_key,), corpora=(record.corpus,))
+    result = StoreResult(
+        id=record.id,
+        action="inserted",
+        kind=record.kind,
+        scope=record.scope,
+        scope_key=record.scope_key,
+        redactions=draft.redactions,
+        embedded=record.embedder is not None,
+    )
+
+    exact = await tx.find_by_hash(content_hash(record.content), same_corpus)
+    if exact and (record.corpus != "docs" or exact[0].kind == record.kind):
+        return await _fold(tx, record, exact[0], vectors, result, now, "exact repeat")
+
+    if record.corpus == "journal":
+        await tx.insert(record, vectors)
+        return replace(result, action="appended")
+
+    if record.corpus == "docs":
+        kind_only = replace(same_corpus, kinds=(record.kind,))
+        previous = await tx.current(kind_only, limit=10)
+        if previous:
+            record.supersedes = _history(previous[0], previous[1:])
+        await tx.insert(record, vectors)
+        for old in previous:
+            await tx.replace(old, record.id)
+        if not previous:
+            return result
+        return _related(result, "replaced", previous[0], f"replaces the previous {record.kind}")
+
+    # Facts: compare with the nearest records, most similar first.
+    candidates = await _candidates(tx, record, vectors, embedder, same_corpus, fold_settings)
+    for old, similarity in candidates:
+        decision = decide(compare(old.content, record.content, similarity), fold_settings)
+        if decision.action == "fold":
+            return await _fold(tx, record, old, vectors, result, now, decision.reason)
+        if decision.action == "supersede":
+            record.supersedes = _history(old)
+            await tx.insert(record, vectors)
+            await tx.replace(old, record.id)
+            return _related(result, "superseded", old, decision.reason)
+        if decision.action == "conflict":
+            await tx.insert(record, vectors)
+            conflict = await tx.add_conflict(
+                record.scope_key, record.id, old.id, decision.reason, now
+            )
+            return _related(result, "conflict", old, decision.reason, conflict_id=conflict)
+    await tx.insert(record, vectors)
+    return result
+
+
+def _history(old: Record, more: Sequence[Record] = ()) -> list[str]:
+    """Ids of what a new record replaces: the old record's history, then the old record."""
+    history = list(old.supersedes)
+    for extra in more:
+        history.extend(i for i in [*extra.supersedes, extra.id] if i not in history)
+    history.append(old.id)
+    return history
+
+
+async def _candidates(
+    tx: WriteTransaction,
+    record: Record,
+    vectors: Vector | None,
+    embedder: str | None,
+    filters: Filters,
+    settings: FoldSettings,
+) -> list[tuple[Record, float | None]]:
+    """The nearest current records, with dense similarity where both have vectors."""
+    found: dict[str, tuple[Record, float | None]] = {}
+    if vectors is not None and embedder is not None:
+        for item in await tx.nearest(vectors[0], embedder, filters, settings.candidates):
+            found[item.record.id] = (item.record, item.score)
+    lexical = await tx.lexical(record.content, filters, settings.candidates)
+    lexical_only = [item.record for item in lexical if item.record.id not in found]
+    if vectors is not None and embedder is not None and lexical_only:
+        scores = await tx.dense_scores(vectors[0], embedder, [r.id for r in lexical_only])
+    else:
+        scores = {}
+    ordered = sorted(found.values(), key=lambda pair: -(pair[1] or 0.0))
+    # Lexical-only candidates follow in BM25 order, with their dense similarity if any.
+    return ordered + [(old, scores.get(old.id)) for old in lexical_only]
+
+
+async def _fold(
+    tx: WriteTransaction,
+    record: Record,
+    old: Record,
+    vectors: Vector | None,
+    result: StoreResult,
+    now: str,
+    reason: str,
+) -> StoreResult:
+    """The new text becomes canonical; the old record's id and text go to ``merged_from``."""
+    entry = MergedEntry(old.id, old.content, old.created_at, old.agent, now)
+    record.merged_from = [*old.merged_from, entry]
+    record.fold_count = old.fold_count + 1
+    record.access_count = old.access_count
+    record.last_access_at = old.last_access_at
+    record.supersedes = list(old.supersedes)
+    record.pinned = record.pinned or old.pinned
+    record.tags = list(dict.fromkeys([*old.tags, *record.tags]))
+    if old.importance is not None or record.importance is not None:
+        record.importance = max(x for x in (old.importance, record.importance) if x is not None)
+    record.meta = {**old.meta, **record.meta}
+    await tx.insert(record, vectors)
+    if vectors is not None and record.embedder is not None and old.embedder == record.embedder:
+        # The folded texts stay findable: their vectors move to the canonical record.
+        await tx.carry_vectors(old.id, record.id, record.embedder)
+    await tx.fold_into(old, record.id, entry, now)
+    return _related(result, "folded", old, reason)
+
+
+def _related(
+    result: StoreResult, action: Action, old: Record, reason: str, *, conflict_id: int | None = None
+) -> StoreResult:
+    """The result of a write that concerns an existing record: which, and why."""
+    return replace(
+        result,
+        action=action,
+        related_id=old.id,
+        related_content=old.content,
+        conflict_id=conflict_id,
+        reason=reason,
+    )

@@ -1,0 +1,122 @@
+"""The fold decision, from the evidence of what differs between two texts."""
+
+from __future__ import annotations
+
+import pytest
+
+from memory_mcp.config import FoldSettings
+from memory_mcp.fold import compare, decide, polarity, values
+
+SETTINGS = FoldSettings()
+
+
+def action(old: str, new: str, similarity: float | None) -> str:
+    return decide(compare(old, new, similarity), SETTINGS).action
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "similarity", "expected"),
+    [
+        # The issue's own examples, with MiniLM's cosine for each pair.
+        (
+            "We deploy with GitHub Actions to Fly.io",
+            "Deploys to production go out via GitHub Actions onto Fly.io",
+            0.89,
+            "fold",
+        ),
+        (
+            "The pigeon app's minimum iOS version is 15.",
+            "The pigeon app's minimum iOS version is 16.",
+            0.98,
+            "supersede",
+        ),
+        ("Run tests with pytest -x", "Never run tests with -x", 0.52, "conflict"),
+        # Updates: a value changed, or the new text says it changed.
+        ("Database migrations live in `db/migrations`.",
+         "Database migrations live in `src/db/migrations` after the restructure.",
+         0.90, "supersede"),
+        ("Frontend errors report to the Sentry project `acme-web`.",
+         "Frontend errors report to the Sentry project `acme-frontend`.", 0.96, "supersede"),
+        ("The CLI binary is called `harbor`.",
+         "The CLI binary was renamed from `harbor` to `hbr`.", 0.80, "supersede"),
+        ("beacon pods have a memory limit of 512Mi.",
+         "beacon pods have a memory limit of 1Gi.", 0.95, "supersede"),
+        # Contradictions: negation or opposite words on one side only.
+        ("The `new_checkout` feature flag is enabled for all users.",
+         "The `new_checkout` feature flag is disabled for all users.", 0.93, "conflict"),
+        ("Always rebase feature branches onto main before merging.",
+         "Never rebase feature branches; merge main into them instead.", 0.80, "conflict"),
+        # Duplicates: reworded, same values (number words and units included).
+        ("Kubernetes pods for beacon have a memory limit of 512Mi.",
+         "beacon containers are capped at 512 MiB of RAM in the k8s manifests.", 0.81, "fold"),
+        ("Terraform state is stored in the S3 bucket `acme-tfstate` with DynamoDB locking.",
+         "Remote Terraform state lives in S3 bucket acme-tfstate with a DynamoDB lock.",
+         0.85, "fold"),
+        # Another attribute of the same subject is a new fact.
+        ("The Celery worker concurrency is 8.", "The Celery worker prefetch multiplier is 1.",
+         0.75, "insert"),
+        ("The `/healthz` endpoint is the liveness probe.",
+         "The `/readyz` endpoint is the readiness probe and checks the database.", 0.78, "insert"),
+        # Different subjects sharing words.
+        ("Cloudflare Workers serve redirects for the marketing site.",
+         "Celery workers serve PDF exports for the reporting site.", 0.40, "insert"),
+        # Same words, roles swapped: never folded.
+        ("The project was cancelled one year before Boeing acquired McDonnell Douglas.",
+         "The project was cancelled one year before McDonnell Douglas acquired Boeing.",
+         0.99, "insert"),
+    ],
+)  # fmt: skip
+def test_decision_follows_what_differs_between_the_texts(
+    old: str, new: str, similarity: float, expected: str
+) -> None:
+    assert action(old, new, similarity) == expected
+
+
+def test_a_reordered_near_copy_is_not_folded_because_roles_may_have_swapped() -> None:
+    # Folding would make the new wording canonical; when the same words moved, the
+    # meaning may have flipped, so both are kept (the consolidation sweep can merge later).
+    assert (
+        action(
+            "Terraform state is stored in the S3 bucket acme-tfstate with DynamoDB locking.",
+            "Remote state lives in the S3 bucket acme-tfstate, locked with DynamoDB.",
+            0.85,
+        )
+        == "insert"
+    )
+
+
+def test_exact_normalized_repeat_always_folds() -> None:
+    assert action("Use `uv` for installs.", "use uv for installs", None) == "fold"
+    assert action("Use `uv` for installs.", "USE UV FOR INSTALLS!!", 0.1) == "fold"
+
+
+def test_lexical_floor_folds_near_copies_and_keeps_value_changes_apart() -> None:
+    assert (
+        action(
+            "Run the linter with make lint before pushing",
+            "Run the linter with make lint before a push",
+            None,
+        )
+        == "fold"
+    )
+    assert (
+        action("The API listens on port 8080", "The API listens on port 9090", None) == "supersede"
+    )
+    assert action("Run tests with pytest -x", "Never run tests with -x", None) == "conflict"
+
+
+def test_values_are_found_in_code_paths_versions_and_names() -> None:
+    found = values("Use `pytest -n auto` with Python 3.12 from ~/.venvs/app on api.acme.io")
+    assert {"pytest -n auto", "3.12", "~/.venvs/app", "api.acme.io"} <= found
+
+
+def test_polarity_counts_negations_including_contractions() -> None:
+    assert polarity("Don't retry calls; they are not idempotent") == 2
+    assert polarity("Retry calls freely") == 0
+
+
+def test_a_value_inside_a_longer_value_is_not_the_same_value() -> None:
+    evidence = compare(
+        "Migrations live in `db/migrations`.", "Migrations live in `src/db/migrations`."
+    )
+    assert "db/migrations" in evidence.old_only_values

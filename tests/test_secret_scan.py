@@ -1,0 +1,168 @@
+"""Secrets are redacted before storage; look-alikes are left alone.
+
+Every secret below is made up, but has the real format of its kind.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from memory_mcp.secret_scan import redact
+
+SECRETS: list[tuple[str, str, str]] = [
+    # (kind, text, the secret that must not survive)
+    ("aws-access-key-id", "AWS key id is AKIAZ3MPLE7QW9RT4XKV for CI", "AKIAZ3MPLE7QW9RT4XKV"),
+    (
+        "aws-secret-access-key",
+        "aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+        "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+    ),
+    (
+        "github-token",
+        "use token ghp_1a2B3c4D5e6F7g8H9i0JkLmNoPqRsTuVwXyZ12 for the API",
+        "ghp_1a2B3c4D5e6F7g8H9i0JkLmNoPqRsTuVwXyZ12",
+    ),
+    (
+        "github-token",
+        "fine-grained: github_pat_11ABCDEFG0123456789_abcdefghijklmnopqrstuvwxyzABCDEF",
+        "github_pat_11ABCDEFG0123456789_abcdefghijklmnopqrstuvwxyzABCDEF",
+    ),
+    ("gitlab-token", "GITLAB glpat-Xy9zAbCdEfGhIjKlMnOp here", "glpat-Xy9zAbCdEfGhIjKlMnOp"),
+    (
+        "slack-token",
+        "bot token xoxb-2841922738-4827364521-aBcDeFgHiJkLmNoPqRsTuVwX",
+        "xoxb-2841922738-4827364521-aBcDeFgHiJkLmNoPqRsTuVwX",
+    ),
+    (
+        "slack-webhook",
+        "alerts go to https://hooks.slack.com/services/T024BE7LD/B01234567/aBcDeFgHiJkLmNoPqRsTuVwX",
+        "aBcDeFgHiJkLmNoPqRsTuVwX",
+    ),
+    (
+        "stripe-key",
+        "STRIPE_KEY=sk_live_51HxYzAbCdEfGhIjKlMnOpQr in prod",
+        "sk_live_51HxYzAbCdEfGhIjKlMnOpQr",
+    ),
+    (
+        "openai-key",
+        "OpenAI key sk-proj-4fGh7Jk9Lm2Np5Qr8St1Uv3Wx6Yz0AbCdEf",
+        "sk-proj-4fGh7Jk9Lm2Np5Qr8St1Uv3Wx6Yz0AbCdEf",
+    ),
+    (
+        "anthropic-key",
+        "ANTHROPIC_API_KEY is sk-ant-api03-AbCdEfGhIjKlMnOpQrStUvWxYz0123456789",
+        "sk-ant-api03-AbCdEfGhIjKlMnOpQrStUvWxYz0123456789",
+    ),
+    (
+        "google-api-key",
+        "maps key AIzaSyD3x4mPl3K3yF0rT3st1ng0nly12345678",
+        "AIzaSyD3x4mPl3K3yF0rT3st1ng0nly12345678",
+    ),
+    (
+        "private-key",
+        "-----BEGIN RSA PRIVATE KEY-----\n"
+        "MIIEowIBAAKCAQEAu1SU1LfVLPHCozMxH2Mo4lgOEePzNm0tRgeLezV6ffAt0gun\n"
+        "VTLw7onLRnrq0/IzW7yWR7QkrmBL7jTKEn5u+qKhbwKfBstIs+bMY2Zkp18gnTxK\n"
+        "-----END RSA PRIVATE KEY-----",
+        "MIIEowIBAAKCAQEAu1SU1LfVLPHCozMxH2Mo4lgOEePzNm0tRgeLezV6ffAt0gun",
+    ),
+    (
+        "jwt",
+        "session eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0."
+        "SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV_adQssw5c sent",
+        "SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV_adQssw5c",
+    ),
+    (
+        "url-credentials",
+        "connect to postgres://app:s3cr3t-Passw0rd@db.internal:5432/app",
+        "s3cr3t-Passw0rd",
+    ),
+    (
+        "url-credentials",
+        "redis URL redis://default:hunter2hunter2@cache:6379/0",
+        "hunter2hunter2",
+    ),
+    ("password-assignment", 'DB_PASSWORD="Tr0ub4dor&3xyz"', "Tr0ub4dor&3xyz"),
+    ("password-assignment", "admin password: correcthorse42", "correcthorse42"),
+    (
+        "password-assignment",
+        "api_key: 9f8e7d6c5b4a39281706f5e4d3c2b1a0",
+        "9f8e7d6c5b4a39281706f5e4d3c2b1a0",
+    ),
+    (
+        "connection-string-key",
+        "DefaultEndpointsProtocol=https;AccountName=acme;AccountKey=Zm9vYmFyYmF6cXV4Zm9vYmFyYmF6cXV4Zm9vYmFy==;",
+        "Zm9vYmFyYmF6cXV4Zm9vYmFyYmF6cXV4Zm9vYmFy==",
+    ),
+    (
+        "bearer-token",
+        "curl -H 'Authorization: Bearer abcDEF123456ghiJKL789mnoPQR' https://api",
+        "abcDEF123456ghiJKL789mnoPQR",
+    ),
+    (
+        "npm-token",
+        "//registry.npmjs.org/:_authToken=npm_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789",
+        "npm_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789",
+    ),
+    (
+        "huggingface-token",
+        "HF token hf_AbCdEfGhIjKlMnOpQrStUvWxYz01234567",
+        "hf_AbCdEfGhIjKlMnOpQrStUvWxYz01234567",
+    ),
+    (
+        "sendgrid-key",
+        "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",
+        "TwL2iGABf9DHoTf-09kqeF8tAmbihYzrnopKc-1s5cr",
+    ),
+]
+
+LOOKALIKES = [
+    "Fixed in commit 3f2c9a1b7d4e6f8a0b1c2d3e4f5a6b7c8d9e0f1a on main",
+    "short sha 3f2c9a1 is the release",
+    "request id 123e4567-e89b-12d3-a456-426614174000 failed",
+    "fixture payload dGhpcyBpcyBqdXN0IHRlc3QgZGF0YSBmb3IgdGhlIHBhcnNlcg== decodes to text",
+    "image digest sha256:9b2a5f0c1d3e4f56789abcdef0123456789abcdef0123456789abcdef012345",
+    "npm integrity sha512-AbCdEfGhIjKlMnOpQrStUvWxYz0123456789+/AbCdEfGhIjKlMnOpQrStUvWxYz012345==",
+    "The password reset flow sends an email with a one-time link.",
+    "Rotate the API key in Vault at secret/ledgerline/prod every 90 days.",
+    "password = os.environ['DB_PASSWORD']",
+    'api_key: "${API_KEY}"',
+    "token = None  # filled in at startup",
+    "secret: <your-secret-here>",
+    "Use the token bucket algorithm for rate limits (max_tokens = 256).",
+    "The scheduler's skip-list lives in sk-scheduler/README.md",
+    "connect to postgres://localhost:5432/app without a password",
+    "AKIA is the prefix of AWS access key ids.",
+]
+
+
+@pytest.mark.parametrize(
+    ("kind", "text", "secret"), SECRETS, ids=[f"{k}-{i}" for i, (k, _, _) in enumerate(SECRETS)]
+)
+def test_secret_is_redacted_and_reported(kind: str, text: str, secret: str) -> None:
+    result = redact(text)
+    assert secret not in result.text
+    assert f"[REDACTED:{kind}]" in result.text
+    assert kind in {r.kind for r in result.redactions}
+
+
+def test_the_corpus_covers_at_least_twelve_kinds_of_secrets() -> None:
+    assert len({kind for kind, _, _ in SECRETS}) >= 12
+
+
+@pytest.mark.parametrize("text", LOOKALIKES)
+def test_lookalike_is_left_alone(text: str) -> None:
+    result = redact(text)
+    assert result.text == text
+    assert not result.found
+
+
+def test_redaction_keeps_the_surrounding_text() -> None:
+    result = redact("Deploy with DB_PASSWORD=Sup3rS3cret! and then restart")
+    assert result.text == "Deploy with DB_PASSWORD=[REDACTED:password-assignment] and then restart"
+
+
+def test_several_secrets_are_counted_per_kind() -> None:
+    text = "keys AKIAZ3MPLE7QW9RT4XKV and AKIAQ7XW2ERT9YUI0PLM"
+    result = redact(text)
+    assert [(r.kind, r.count) for r in result.redactions] == [("aws-access-key-id", 2)]
