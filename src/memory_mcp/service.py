@@ -1,0 +1,491 @@
+"""The engine's one entry point: ``MemoryService``.
+
+The CLI and the MCP server each parse input, call one method here and format
+the result. Nothing in this package imports ``mcp`` or ``typer``.
+
+    async with MemoryService.open(settings) as memory:
+        result = await memory.store("We deploy with GitHub Actions to Fly.io", cwd=path)
+        hits = await memory.search("how do we deploy", cwd=path)
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from memory_mcp import ranker
+from memory_mcp.config import LoadedSettings, Settings
+from memory_mcp.embedders.base import Embedder
+from memory_mcp.embedders.runtime import EmbedderStatus, Embeddings
+from memory_mcp.errors import EmbedderError, InvalidInput, NotFound
+from memory_mcp.passages import record_passages
+from memory_mcp.records import (
+    CORPORA,
+    CORPUS_OF_KIND,
+    Corpus,
+    Record,
+    SearchResult,
+    StoreResult,
+    format_time,
+    parse_time,
+    utcnow,
+)
+from memory_mcp.scope import GLOBAL_KEY, Scope, project_scope
+from memory_mcp.search import SearchPlan, hybrid
+from memory_mcp.storage.base import Filters, StoreStats, Vector
+from memory_mcp.storage.sqlite import SqliteStore
+from memory_mcp.write import Draft, apply, prepare
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], datetime]
+SearchScope = Literal["project", "global", "all"]
+MAX_SEARCH_LIMIT = 50
+_COMMIT_BATCH = 64
+
+
+@dataclass
+class StoreRequest:
+    """One write, as given to ``store_many``."""
+
+    content: str
+    kind: str = "fact"
+    scope: Literal["project", "global"] = "project"
+    cwd: str | Path | None = None
+    importance: float | None = None
+    tags: Sequence[str] = ()
+    agent: str = "cli"
+    created_at: datetime | None = None
+    pinned: bool = False
+
+
+@dataclass(frozen=True)
+class ReembedSummary:
+    embedder: str
+    embedded: int
+    remaining: int
+
+
+@dataclass
+class Status:
+    """What ``memory-mcp status`` shows."""
+
+    database: Path
+    database_bytes: int
+    driver: str
+    vectors: bool
+    embedder: EmbedderStatus
+    awaiting_embedding: int
+    stats: StoreStats
+    settings_sources: list[str] = field(default_factory=list)
+
+
+class MemoryService:
+    """Store, fold, search and rank memories."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: SqliteStore,
+        embeddings: Embeddings,
+        *,
+        clock: Clock = utcnow,
+        sources: Sequence[str] = (),
+    ) -> None:
+        self.settings = settings
+        self.db = store
+        self.embeddings = embeddings
+        self.clock = clock
+        self.sources = list(sources)
+        self._plan = SearchPlan(
+            candidates=settings.search.candidates,
+            lexical_weight=settings.search.lexical_weight,
+            min_relevance=settings.search.min_relevance,
+            ranking=ranker.RankerConfig(
+                half_life_days=settings.ranking.half_life_days,
+                prior_weight=settings.ranking.prior_weight,
+            ),
+        )
+
+    @classmethod
+    @asynccontextmanager
+    async def open(
+        cls,
+        settings: Settings | LoadedSettings,
+        *,
+        database: Path | None = None,
+        embedder: Embedder | None = None,
+        clock: Clock = utcnow,
+        wait_for_embedder: float = 0.0,
+    ) -> AsyncIterator[MemoryService]:
+        """Open the store and start the embedder (loading in the background).
+
+        Args:
+            settings: the settings (or loaded settings with their sources).
+            database: overrides the database path of the settings.
+            embedder: use this embedder instead of the configured ones (tests).
+            clock: the time source.
+            wait_for_embedder: seconds to wait for the embedder's first load attempt.
+        """
+        sources: list[str] = []
+        if isinstance(settings, LoadedSettings):
+            sources = settings.sources
+            settings = settings.settings
+        path = database or settings.database_path()
+        store = await SqliteStore.open(
+            path,
+            driver=settings.storage.driver,
+            busy_timeout_ms=settings.storage.busy_timeout_ms,
+        )
+        try:
+            embeddings = Embeddings(
+                settings.embedder,
+                candidates=[embedder] if embedder is not None else None,
+            )
+            if store.vectors_available:
+                embeddings.start(await store.dense_embedders())
+            else:
+                embeddings.start({})
+                if embedder is None:
+                    log.warning("vectors are off: %s", store.driver.note)
+            if wait_for_embedder > 0:
+                await embeddings.wait_settled(wait_for_embedder)
+            yield cls(settings, store, embeddings, clock=clock, sources=sources)
+        finally:
+            await store.close()
+
+    # Writes --------------------------------------------------------------------------
+
+    async def store(
+        self,
+        content: str,
+        *,
+        kind: str = "fact",
+        scope: Literal["project", "global"] = "project",
+        cwd: str | Path | None = None,
+        importance: float | None = None,
+        tags: Sequence[str] = (),
+        agent: str = "cli",
+        created_at: datetime | None = None,
+        pinned: bool = False,
+    ) -> StoreResult:
+        """Store one memory through the write pipeline (fold / supersede / conflict / insert).
+
+        Raises:
+            InvalidInput: a bad argument (the message says what to change).
+        """
+        request = StoreRequest(
+            content, kind, scope, cwd, importance, tags, agent, created_at, pinned
+        )
+        return (await self.store_many([request]))[0]
+
+    async def store_many(
+        self,
+        requests: Sequence[StoreRequest],
+        *,
+        progress: Callable[[int], None] | None = None,
+    ) -> list[StoreResult]:
+        """Store several memories in order, embedding them in length-sorted batches.
+
+        Each write is decided against everything stored before it, earlier items
+        of the same call included. Validation happens first, for all of them:
+        one bad item fails the call before anything is written.
+
+        Raises:
+            InvalidInput: an item is unusable (nothing was written).
+        """
+        results = await self._store_drafts(
+            [self._draft(request, self.clock()) for request in requests], progress
+        )
+        return [r for r in results if isinstance(r, StoreResult)]
+
+    async def store_valid(
+        self,
+        requests: Sequence[StoreRequest],
+        *,
+        progress: Callable[[int], None] | None = None,
+    ) -> list[StoreResult | InvalidInput]:
+        """Like ``store_many``, but an unusable item is skipped: its place holds the error."""
+        drafts: list[Draft | InvalidInput] = []
+        now = self.clock()
+        for request in requests:
+            try:
+                drafts.append(self._draft(request, now))
+            except InvalidInput as exc:
+                drafts.append(exc)
+        return await self._store_drafts(drafts, progress)
+
+    async def _store_drafts(
+        self,
+        items: Sequence[Draft | InvalidInput],
+        progress: Callable[[int], None] | None,
+    ) -> list[StoreResult | InvalidInput]:
+        drafts = [d for d in items if isinstance(d, Draft)]
+        vectors = await self._embed_records([d.record.content for d in drafts])
+        vector_of = dict(zip((id(d) for d in drafts), vectors or [], strict=False))
+        identity = self.embeddings.identity if vectors is not None else None
+        stamp = format_time(self.clock())
+        results: list[StoreResult | InvalidInput] = []
+        for start in range(0, len(items), _COMMIT_BATCH):
+            batch = items[start : start + _COMMIT_BATCH]
+            async with self.db.write() as tx:
+                for item in batch:
+                    if isinstance(item, InvalidInput):
+                        results.append(item)
+                        continue
+                    results.append(
+                        await apply(
+                            tx,
+                            item,
+                            vector_of.get(id(item)),
+                            embedder=identity,
+                            fold_settings=self.settings.fold,
+                            now=stamp,
+                        )
+                    )
+            if progress is not None:
+                progress(len(batch))
+        return results
+
+    def _draft(self, request: StoreRequest, now: datetime) -> Draft:
+        if request.scope not in ("project", "global"):
+            raise InvalidInput(f"scope must be 'project' or 'global', got {request.scope!r}")
+        scope = Scope.global_() if request.scope == "global" else project_scope(request.cwd)
+        return prepare(
+            request.content,
+            kind=request.kind,
+            scope=scope,
+            importance=request.importance,
+            tags=request.tags,
+            agent=request.agent,
+            at=request.created_at or now,
+            pinned=request.pinned,
+            settings=self.settings.write,
+        )
+
+    async def _embed_records(
+        self, texts: Sequence[str], *, merged: Sequence[Sequence[str]] = ()
+    ) -> list[Vector] | None:
+        """Passage vectors per record (its whole text first), or None on the lexical floor.
+
+        Args:
+            texts: each record's content.
+            merged: each record's folded texts (their passages follow its own).
+        """
+        if not texts or self.embeddings.identity is None or not self.embeddings.ready:
+            return None
+        folded = list(merged) or [[] for _ in texts]
+        passages = [
+            record_passages(text, list(extra)) for text, extra in zip(texts, folded, strict=True)
+        ]
+        flat = [p for group in passages for p in group]
+        matrix = await self.embeddings.embed(flat)
+        if matrix is None:
+            return None
+        out: list[Vector] = []
+        offset = 0
+        for group in passages:
+            out.append(np.asarray(matrix[offset : offset + len(group)], dtype=np.float32))
+            offset += len(group)
+        return out
+
+    async def forget(self, record_id: str, *, reason: str = "forgotten") -> Record:
+        """Archive a record (reversible until the purge's grace window ends).
+
+        Raises:
+            NotFound: no record has that id.
+            InvalidInput: the record is already archived.
+        """
+        record = await self.db.get(record_id)
+        if record is None:
+            raise NotFound(f"no record with id {record_id!r}")
+        if record.archived_at is not None:
+            raise InvalidInput(f"record {record_id} is already archived ({record.archived_reason})")
+        async with self.db.write() as tx:
+            await tx.archive(record_id, reason.strip() or "forgotten", format_time(self.clock()))
+        archived = await self.db.get(record_id)
+        assert archived is not None
+        return archived
+
+    # Reads ---------------------------------------------------------------------------
+
+    def scope_keys(self, scope: SearchScope, cwd: str | Path | None) -> tuple[str, ...]:
+        """The scope keys a search reads: the project's, the global one, or both."""
+        if scope == "global":
+            return (GLOBAL_KEY,)
+        if scope not in ("project", "all"):
+            raise InvalidInput(f"scope must be 'project', 'global' or 'all', got {scope!r}")
+        project = project_scope(cwd).key
+        return (project,) if scope == "project" else (project, GLOBAL_KEY)
+
+    async def search(
+        self,
+        query: str,
+        *,
+        scope: SearchScope = "all",
+        cwd: str | Path | None = None,
+        corpora: Sequence[Corpus] = ("facts",),
+        kinds: Sequence[str] = (),
+        tags: Sequence[str] = (),
+        since: datetime | str | None = None,
+        until: datetime | str | None = None,
+        limit: int = 8,
+        max_limit: int = MAX_SEARCH_LIMIT,
+        now: datetime | None = None,
+        count_access: bool = True,
+        min_relevance: float | None = None,
+    ) -> SearchResult:
+        """Hybrid search, ranked by the one ranker; hits count as accesses.
+
+        ``min_relevance`` overrides ``search.min_relevance`` (0: a full ranking,
+        as a benchmark run needs).
+
+        Raises:
+            InvalidInput: a bad argument (the message says what to change).
+        """
+        text = query.strip() if isinstance(query, str) else ""
+        if not text:
+            raise InvalidInput("query is empty; pass words to search for")
+        if not 1 <= limit <= max_limit:
+            raise InvalidInput(f"limit must be from 1 to {max_limit}, got {limit}")
+        for kind in kinds:
+            if kind not in CORPUS_OF_KIND:
+                raise InvalidInput(
+                    f"unknown kind {kind!r}; use one of: {', '.join(CORPUS_OF_KIND)}"
+                )
+        for corpus in corpora:
+            if corpus not in CORPORA:
+                raise InvalidInput(f"unknown corpus {corpus!r}; use one of: {', '.join(CORPORA)}")
+        if kinds:
+            corpora = tuple(dict.fromkeys(CORPUS_OF_KIND[k] for k in kinds))
+        filters = Filters(
+            scope_keys=self.scope_keys(scope, cwd),
+            corpora=tuple(corpora),
+            kinds=tuple(kinds),
+            tags=tuple(t.strip().casefold() for t in tags if t.strip()),
+            since=_time_bound(since, "since"),
+            until=_time_bound(until, "until"),
+        )
+        warnings: list[str] = []
+        identity = self.embeddings.identity
+        vector = None
+        if identity is not None:
+            matrix = await self.embeddings.embed([text])
+            vector = matrix[0] if matrix is not None else None
+        if vector is None:
+            status = self.embeddings.status()
+            if status.degraded:
+                warnings.append(f"lexical search only: {status.reason}")
+        hits = await hybrid(
+            self.db,
+            text,
+            vector,
+            identity if vector is not None else None,
+            filters,
+            limit=limit,
+            now=now or self.clock(),
+            plan=self._plan,
+            min_relevance=min_relevance,
+        )
+        if count_access and hits:
+            await self.db.record_access(
+                [h.record.id for h in hits], format_time(now or self.clock())
+            )
+        mode: Literal["hybrid", "lexical"] = "hybrid" if vector is not None else "lexical"
+        return SearchResult(hits=hits, mode=mode, warnings=warnings)
+
+    async def reembed(
+        self,
+        *,
+        batch_size: int = 64,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> ReembedSummary:
+        """Give every current record a vector from the active embedder.
+
+        Batched and resumable: each batch commits on its own, and a record done
+        is no longer "awaiting", so an interrupted run continues where it stopped.
+
+        Args:
+            batch_size: records per batch (and per transaction).
+            progress: called with (records done so far, records to do).
+
+        Raises:
+            EmbedderError: no dense embedder is ready.
+        """
+        identity = self.embeddings.identity
+        if identity is None or not self.embeddings.ready:
+            raise EmbedderError(
+                f"no embedder is ready to re-embed with: {self.embeddings.status().reason}"
+            )
+        total = await self.db.count_needing_embedding(identity)
+        done = 0
+        seen: set[str] = set()
+        while True:
+            records = await self.db.needing_embedding(identity, batch_size)
+            fresh = [r for r in records if r.id not in seen]
+            if not fresh:
+                break
+            seen.update(r.id for r in fresh)
+            vectors = await self._embed_records(
+                [r.content for r in fresh],
+                merged=[[m.content for m in r.merged_from] for r in fresh],
+            )
+            if vectors is None:
+                raise EmbedderError(
+                    f"the embedder stopped answering: {self.embeddings.status().reason}"
+                )
+            async with self.db.write() as tx:
+                done += await tx.set_vectors(
+                    [(r.id, v) for r, v in zip(fresh, vectors, strict=True)], identity
+                )
+            if progress is not None:
+                progress(done, total)
+        remaining = await self.db.count_needing_embedding(identity)
+        return ReembedSummary(embedder=identity, embedded=done, remaining=remaining)
+
+    async def get(self, record_id: str) -> Record:
+        record = await self.db.get(record_id)
+        if record is None:
+            raise NotFound(f"no record with id {record_id!r}")
+        return record
+
+    async def sources_of(self, record: Record) -> list[str]:
+        """Every id a record stands for: itself, what it folded, what it superseded."""
+        ids = [record.id, *(m.id for m in record.merged_from)]
+        for old in await self.db.get_many(record.supersedes):
+            ids.extend(i for i in [old.id, *(m.id for m in old.merged_from)] if i not in ids)
+        return ids
+
+    async def status(self) -> Status:
+        stats = await self.db.stats()
+        identity = self.embeddings.identity
+        return Status(
+            database=self.db.path,
+            database_bytes=stats.database_bytes,
+            driver=self.db.driver.describe(),
+            vectors=self.db.vectors_available,
+            embedder=self.embeddings.status(),
+            awaiting_embedding=await self.db.count_needing_embedding(identity),
+            stats=stats,
+            settings_sources=self.sources,
+        )
+
+
+def _time_bound(value: datetime | str | None, name: str) -> str | None:
+    if value is None or value == "":
+        return None
+    if isinstance(value, datetime):
+        return format_time(value)
+    try:
+        return format_time(parse_time(value))
+    except ValueError:
+        raise InvalidInput(
+            f"{name} must be an ISO-8601 date or time (e.g. 2026-01-31), got {value!r}"
+        ) from None
