@@ -1,0 +1,154 @@
+"""``memory-mcp bench fold``: what the write pipeline does with labelled pairs.
+
+Each pair ``{"a", "b", "label"}`` gets a fresh project scope: ``a`` is stored,
+then ``b``, through the same ``MemoryService.store_many`` the tools use, and
+the action taken on ``b`` is counted per label (bench/FORMAT.md).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from memory_mcp.errors import InvalidInput
+from memory_mcp.service import MemoryService, StoreRequest
+
+ACTIONS = ("folded", "superseded", "conflict", "inserted")
+LABELS = ("duplicate", "update", "contradiction", "related", "unrelated", "distinct")
+
+
+@dataclass(frozen=True)
+class FoldPair:
+    a: str
+    b: str
+    label: str
+    source: str = ""
+
+
+@dataclass
+class FoldReport:
+    """Actions per label (and per source), with fold precision and recall."""
+
+    counts: dict[str, Counter[str]] = field(default_factory=dict)
+    by_source: dict[str, dict[str, Counter[str]]] = field(default_factory=dict)
+    embedder: str = "bm25"
+
+    @property
+    def pairs(self) -> int:
+        return sum(sum(c.values()) for c in self.counts.values())
+
+    @property
+    def folds(self) -> int:
+        return sum(c["folded"] for c in self.counts.values())
+
+    @property
+    def fold_precision(self) -> float | None:
+        if not self.folds:
+            return None
+        return self.counts.get("duplicate", Counter())["folded"] / self.folds
+
+    @property
+    def fold_recall(self) -> float | None:
+        duplicates = sum(self.counts.get("duplicate", Counter()).values())
+        if not duplicates:
+            return None
+        return self.counts["duplicate"]["folded"] / duplicates
+
+    def old_value_kept(self, label: str) -> tuple[int, int]:
+        """For updates and contradictions: (old value kept visible, two current facts).
+
+        Superseded (old in history), conflict (both flagged) and folded (old text
+        in ``merged_from``) keep the old value visible; an insert leaves two
+        unrelated current facts.
+        """
+        c = self.counts.get(label, Counter())
+        return c["superseded"] + c["conflict"] + c["folded"], c["inserted"]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "pairs": self.pairs,
+            "embedder": self.embedder,
+            "fold_precision": self.fold_precision,
+            "fold_recall": self.fold_recall,
+            "counts": {label: dict(c) for label, c in self.counts.items()},
+            "by_source": {
+                source: {label: dict(c) for label, c in labels.items()}
+                for source, labels in self.by_source.items()
+            },
+        }
+
+
+_ROW = re.compile(r"\s*\brow\s*\d+\s*$", re.IGNORECASE)
+
+
+def source_family(source: str) -> str:
+    """A pair's source without its row number ("PAWS-Wiki ... test row 12" -> "... test")."""
+    return _ROW.sub("", source) or "-"
+
+
+def read_pairs(path: Path) -> list[FoldPair]:
+    """Read labelled pairs (JSONL).
+
+    Raises:
+        InvalidInput: a line is not a pair (the message names it).
+    """
+    pairs: list[FoldPair] = []
+    with path.open(encoding="utf-8") as fh:
+        for number, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                data = json.loads(line)
+                pairs.append(
+                    FoldPair(
+                        str(data["a"]),
+                        str(data["b"]),
+                        str(data["label"]),
+                        str(data.get("source", "")),
+                    )
+                )
+            except (ValueError, KeyError, TypeError) as exc:
+                raise InvalidInput(f"{path}:{number}: not a fold pair ({exc})") from None
+    if not pairs:
+        raise InvalidInput(f"{path} holds no pairs")
+    return pairs
+
+
+async def run_fold_bench(
+    memory: MemoryService,
+    pairs: list[FoldPair],
+    *,
+    progress: Callable[[int, int], None] | None = None,
+) -> FoldReport:
+    """Store each pair in its own scope and count what happened to ``b``.
+
+    ``memory`` should be opened on a scratch database: the bench writes to it.
+    """
+    report = FoldReport(embedder=memory.embeddings.identity or "bm25")
+    by_source: dict[str, dict[str, Counter[str]]] = defaultdict(lambda: defaultdict(Counter))
+    counts: dict[str, Counter[str]] = defaultdict(Counter)
+    with tempfile.TemporaryDirectory(prefix="memory-mcp-bench-fold-") as tmp:
+        chunk = 100
+        for start in range(0, len(pairs), chunk):
+            requests: list[StoreRequest] = []
+            for offset, pair in enumerate(pairs[start : start + chunk]):
+                scope_dir = Path(tmp) / f"pair-{start + offset:05d}"
+                (scope_dir / ".git").mkdir(parents=True)
+                requests.append(StoreRequest(pair.a, cwd=scope_dir, agent="bench"))
+                requests.append(StoreRequest(pair.b, cwd=scope_dir, agent="bench"))
+            results = await memory.store_many(requests)
+            for offset, pair in enumerate(pairs[start : start + chunk]):
+                action = results[2 * offset + 1].action
+                counts[pair.label][action] += 1
+                by_source[source_family(pair.source)][pair.label][action] += 1
+            if progress is not None:
+                progress(start + len(requests) // 2, len(pairs))
+    report.counts = dict(counts)
+    report.by_source = {s: dict(labels) for s, labels in by_source.items()}
+    return report

@@ -1,0 +1,194 @@
+"""``memory-mcp bench retrieval``: the retrieval benchmark of bench/FORMAT.md.
+
+Every case gets a fresh project scope. Its memories are stored in file order
+through the write pipeline (so near-duplicates fold and updates supersede, as
+in use), each with its ``time`` as creation time. Each query is then searched
+with its ``time`` as "now", through the same ``MemoryService.search`` that the
+MCP tools call; a hit that folded or superseded other memories is listed with
+all of its source ids, in its place. The run file and the metric table follow
+FORMAT.md.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from memory_mcp.bench.metrics import MetricTable, QueryJudgement, aggregate, query_metrics
+from memory_mcp.errors import InvalidInput
+from memory_mcp.records import parse_time
+from memory_mcp.service import MemoryService, StoreRequest
+
+RUN_DEPTH = 50
+
+
+@dataclass
+class RetrievalReport:
+    """The metric table overall and per category, plus the two halves of the cases."""
+
+    table: MetricTable
+    even: MetricTable
+    odd: MetricTable
+    cases: int
+    memories: int
+    embedder: str
+    mode: str
+    warnings: list[str] = field(default_factory=list)
+    skipped: int = 0  # memories the write pipeline refused (e.g. empty text)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "cases": self.cases,
+            "memories": self.memories,
+            "embedder": self.embedder,
+            "mode": self.mode,
+            "metrics": self.table.to_json(),
+            "even_cases": self.even.to_json(),
+            "odd_cases": self.odd.to_json(),
+            "warnings": self.warnings,
+            "skipped_memories": self.skipped,
+        }
+
+
+def open_data(path: Path) -> TextIO:
+    if path.suffix == ".gz":
+        return gzip.open(path, "rt", encoding="utf-8")
+    return path.open(encoding="utf-8")
+
+
+def read_cases(path: Path) -> Iterator[dict[str, Any]]:
+    """Cases of a benchmark data file (``.jsonl`` or ``.jsonl.gz``).
+
+    Raises:
+        InvalidInput: a line is not a case (the message names it).
+    """
+    with open_data(path) as fh:
+        for number, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                case = json.loads(line)
+                if not isinstance(case.get("memories"), list) or not isinstance(
+                    case.get("queries"), list
+                ):
+                    raise ValueError("a case needs 'memories' and 'queries' lists")
+                str(case["case"])
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                raise InvalidInput(f"{path}:{number}: not a benchmark case ({exc})") from None
+            yield case
+
+
+def case_half(index: int) -> str:
+    """'even' or 'odd': the case's position in the data file (0-based).
+
+    Positions, not the numbers in case ids: a sample taken every 4th question
+    (as the visible file is) has only even ids.
+    """
+    return "even" if index % 2 == 0 else "odd"
+
+
+async def run_retrieval_bench(
+    memory: MemoryService,
+    data: Path,
+    run_out: TextIO,
+    *,
+    max_cases: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> RetrievalReport:
+    """Run every case of ``data``, write the run file, and score it.
+
+    ``memory`` should be opened on a scratch database: the bench writes to it.
+
+    Args:
+        memory: the service under test.
+        data: the benchmark data file.
+        run_out: where the run file's lines go.
+        max_cases: stop after this many cases.
+        progress: called with (cases done, cases to do or 0 when unknown) after each case.
+    """
+    rows: list[tuple[str, dict[str, float]]] = []
+    halves: dict[str, list[tuple[str, dict[str, float]]]] = {"even": [], "odd": []}
+    cases = memories = queries = skipped = 0
+    mode = "lexical"
+    warnings: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="memory-mcp-bench-retrieval-") as tmp:
+        for index, case in enumerate(read_cases(data)):
+            if max_cases is not None and cases >= max_cases:
+                break
+            case_id = str(case["case"])
+            scope_dir = Path(tmp) / f"case-{index:05d}"
+            (scope_dir / ".git").mkdir(parents=True)
+            requests = [
+                StoreRequest(
+                    str(m["text"]),
+                    cwd=scope_dir,
+                    agent="bench",
+                    created_at=parse_time(str(m["time"])) if m.get("time") else None,
+                )
+                for m in case["memories"]
+            ]
+            results = await memory.store_valid(requests)
+            memory_of: dict[str, str] = {}
+            for result, item in zip(results, case["memories"], strict=True):
+                if isinstance(result, InvalidInput):
+                    skipped += 1
+                    note = f"memory {item.get('id')} of {case_id} not stored: {result}"
+                    if len(warnings) < 20:
+                        warnings.append(note)
+                else:
+                    memory_of[result.id] = str(item["id"])
+            group_of = {str(m["id"]): str(m.get("group", "")) for m in case["memories"]}
+            for query in case["queries"]:
+                found = await memory.search(
+                    str(query["text"]),
+                    cwd=scope_dir,
+                    scope="project",
+                    limit=RUN_DEPTH,
+                    # A run file is a ranking at least 50 deep: no relevance floor.
+                    min_relevance=0.0,
+                    now=parse_time(str(query["time"])) if query.get("time") else None,
+                )
+                mode = found.mode
+                warnings.extend(w for w in found.warnings if w not in warnings)
+                ranked: list[str] = []
+                for hit in found.hits:
+                    for source in await memory.sources_of(hit.record):
+                        mid = memory_of.get(source)
+                        if mid is not None and mid not in ranked:
+                            ranked.append(mid)
+                run_out.write(
+                    json.dumps({"case": case_id, "query": str(query["id"]), "ranked": ranked})
+                    + "\n"
+                )
+                judgement = QueryJudgement(
+                    case=case_id,
+                    query=str(query["id"]),
+                    category=str(query.get("category", "")),
+                    gold=frozenset(str(g) for g in query.get("gold", [])),
+                    gold_groups=frozenset(str(g) for g in query.get("gold_groups", [])),
+                )
+                if judgement.gold or judgement.gold_groups:
+                    metrics = query_metrics(ranked, judgement, group_of)
+                    rows.append((judgement.category, metrics))
+                    halves[case_half(index)].append((judgement.category, metrics))
+                queries += 1
+            cases += 1
+            memories += len(requests)
+            if progress is not None:
+                progress(cases, max_cases or 0)
+    return RetrievalReport(
+        table=aggregate(rows),
+        even=aggregate(halves["even"]),
+        odd=aggregate(halves["odd"]),
+        cases=cases,
+        memories=memories,
+        embedder=memory.embeddings.identity or "bm25",
+        mode=mode,
+        warnings=warnings,
+        skipped=skipped,
+    )

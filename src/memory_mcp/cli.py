@@ -1,0 +1,536 @@
+"""The ``memory-mcp`` command line: argument parsing around one engine call each.
+
+Human-readable output by default, ``--json`` for scripts. Exit codes: 0 done,
+1 unexpected error, 2 usage error, 65 bad input, 66 not found, 69 embedder
+unavailable, 74 storage error, 78 configuration error.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import tempfile
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import anyio
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from memory_mcp import __version__
+from memory_mcp.config import LoadedSettings, load_settings
+from memory_mcp.errors import MemoryMcpError
+from memory_mcp.records import STORABLE_KINDS, Corpus, Hit, StoreResult, parse_time
+from memory_mcp.scope import project_root
+from memory_mcp.service import MemoryService, Status
+
+T = TypeVar("T")
+
+app = typer.Typer(
+    name="memory-mcp",
+    help="One project brain shared by Claude Code, Codex CLI and Gemini CLI.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+bench_app = typer.Typer(help="Benchmarks anyone can rerun (see the README).", no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+
+out = Console(highlight=False, soft_wrap=True, markup=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
+
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+CwdOption = Annotated[
+    Path | None,
+    typer.Option(help="Working directory whose project to use (default: the current one)."),
+]
+# Seconds a CLI command waits for the embedding model to load before going lexical.
+_EMBEDDER_WAIT = 60.0
+
+
+def main() -> None:
+    """Console entry point."""
+    app()
+
+
+@app.callback()
+def _root(
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Log progress to stderr.")
+    ] = False,
+    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
+) -> None:
+    if version:
+        out.print(__version__)
+        raise typer.Exit()
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        stream=sys.stderr,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+
+
+# Plumbing -----------------------------------------------------------------------------
+
+
+def _settings(cwd: Path | None) -> LoadedSettings:
+    return load_settings(project_root=project_root(cwd))
+
+
+def _run(work: Callable[[], Awaitable[T]]) -> T:
+    """Run engine work; engine errors become a message on stderr and their exit code."""
+    try:
+        return anyio.run(work)
+    except MemoryMcpError as exc:
+        err.print(f"error: {exc}")
+        raise typer.Exit(exc.exit_code) from None
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        raise typer.Exit(130) from None
+
+
+def _with_memory(
+    cwd: Path | None,
+    use: Callable[[MemoryService], Awaitable[T]],
+    *,
+    database: Path | None = None,
+    wait: float = _EMBEDDER_WAIT,
+) -> T:
+    async def work() -> T:
+        async with MemoryService.open(
+            _settings(cwd), database=database, wait_for_embedder=wait
+        ) as memory:
+            return await use(memory)
+
+    return _run(work)
+
+
+def _print_json(data: Any) -> None:
+    typer.echo(json.dumps(data, ensure_ascii=False, indent=2, default=str))
+
+
+@contextmanager
+def _progress(description: str, total: int | None) -> Iterator[Callable[[int, int | None], None]]:
+    """A progress bar on stderr; yields ``report(done, total)`` (total may be None)."""
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+    ) as bar:
+        task = bar.add_task(description, total=total)
+
+        def report(done: int, new_total: int | None = None) -> None:
+            bar.update(task, completed=done, total=new_total or total)
+
+        yield report
+
+
+def _short(text: str, width: int = 100) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else flat[: width - 1] + "…"
+
+
+# Commands -----------------------------------------------------------------------------
+
+
+@app.command()
+def store(
+    content: Annotated[str, typer.Argument(help="What to remember ('-' reads standard input).")],
+    kind: Annotated[
+        str, typer.Option("--kind", "-k", help=f"One of: {', '.join(STORABLE_KINDS)}.")
+    ] = "fact",
+    scope: Annotated[
+        str, typer.Option(help="project (default) or global (every project).")
+    ] = "project",
+    importance: Annotated[float | None, typer.Option(help="0 to 1; inferred if omitted.")] = None,
+    tag: Annotated[
+        list[str] | None, typer.Option("--tag", "-t", help="A tag (repeatable).")
+    ] = None,
+    agent: Annotated[str, typer.Option(help="Who is writing (provenance).")] = "cli",
+    cwd: CwdOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Store a memory: it is folded, superseded, flagged as a conflict, or inserted."""
+    text = sys.stdin.read() if content == "-" else content
+    if scope not in ("project", "global"):
+        err.print(f"error: --scope must be project or global, got {scope!r}")
+        raise typer.Exit(2)
+
+    async def use(memory: MemoryService) -> StoreResult:
+        return await memory.store(
+            text,
+            kind=kind,
+            scope="global" if scope == "global" else "project",
+            cwd=cwd,
+            importance=importance,
+            tags=tag or [],
+            agent=agent,
+        )
+
+    result = _with_memory(cwd, use)
+    if as_json:
+        _print_json(asdict(result))
+        return
+    what = {
+        "inserted": "stored",
+        "appended": "appended to the journal",
+        "folded": "folded into an existing memory",
+        "superseded": "stored; it supersedes an older memory",
+        "conflict": "stored; it CONTRADICTS an existing memory (conflict recorded)",
+        "replaced": f"stored; it replaces the previous {result.kind}",
+    }[result.action]
+    out.print(f"{result.id}  {what}")
+    if result.related_id:
+        out.print(f"  related: {result.related_id}  {_short(result.related_content or '')}")
+    for redaction in result.redactions:
+        out.print(f"  redacted: {redaction.count} x {redaction.kind}")
+    if not result.embedded:
+        out.print("  note: stored without a vector (lexical floor); `memory-mcp reembed` adds it")
+
+
+@app.command()
+def search(
+    query: Annotated[str, typer.Argument(help="What to look for.")],
+    scope: Annotated[
+        str, typer.Option(help="all (project + global, default), project or global.")
+    ] = "all",
+    kind: Annotated[
+        list[str] | None, typer.Option("--kind", "-k", help="Only this kind (repeatable).")
+    ] = None,
+    tag: Annotated[list[str] | None, typer.Option("--tag", "-t", help="Any of these tags.")] = None,
+    since: Annotated[str | None, typer.Option(help="Written at or after (ISO date).")] = None,
+    until: Annotated[str | None, typer.Option(help="Written before (ISO date).")] = None,
+    limit: Annotated[int, typer.Option("--limit", "-n", help="How many (1-50).")] = 8,
+    cwd: CwdOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Search memories (facts, journal, goal and plan), best first."""
+    if scope not in ("all", "project", "global"):
+        err.print(f"error: --scope must be all, project or global, got {scope!r}")
+        raise typer.Exit(2)
+    corpora: tuple[Corpus, ...] = ("facts", "journal", "docs")
+
+    async def use(memory: MemoryService) -> Any:
+        return await memory.search(
+            query,
+            scope=scope,  # type: ignore[arg-type]
+            cwd=cwd,
+            corpora=corpora,
+            kinds=kind or [],
+            tags=tag or [],
+            since=since,
+            until=until,
+            limit=limit,
+        )
+
+    result = _with_memory(cwd, use)
+    if as_json:
+        _print_json(
+            {
+                "mode": result.mode,
+                "warnings": result.warnings,
+                "hits": [_hit(h) for h in result.hits],
+            }
+        )
+        return
+    for warning in result.warnings:
+        err.print(f"warning: {warning}")
+    if not result.hits:
+        out.print("no memories found")
+        raise typer.Exit(0)
+    now = datetime.now(UTC)
+    for hit in result.hits:
+        record = hit.record
+        where = "global" if record.scope == "global" else "project"
+        out.print(
+            f"{hit.score:.2f}  [{record.kind}, {where}, {_age(record.created_at, now)}]  "
+            f"{_short(record.content, 160)}  ({record.id})"
+        )
+
+
+def _hit(hit: Hit) -> dict[str, Any]:
+    r = hit.record
+    return {
+        "id": r.id,
+        "kind": r.kind,
+        "scope": r.scope,
+        "content": r.content,
+        "score": round(hit.score, 4),
+        "relevance": round(hit.relevance, 4),
+        "created_at": r.created_at,
+        "tags": r.tags,
+        "agent": r.agent,
+        "fold_count": r.fold_count,
+    }
+
+
+def _age(stamp: str, now: datetime) -> str:
+    seconds = max(0.0, (now - parse_time(stamp)).total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit} ago"
+    return "just now"
+
+
+@app.command()
+def forget(
+    record_id: Annotated[str, typer.Argument(help="The id of the record to archive.")],
+    reason: Annotated[str, typer.Option(help="Why (kept with the record).")] = "forgotten",
+    cwd: CwdOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Archive a record (reversible; purged only after the grace window)."""
+
+    async def use(memory: MemoryService) -> Any:
+        return await memory.forget(record_id, reason=reason)
+
+    record = _with_memory(cwd, use, wait=0)
+    if as_json:
+        _print_json(record.to_json())
+    else:
+        out.print(f"{record.id} archived ({record.archived_reason})")
+
+
+@app.command()
+def status(cwd: CwdOption = None, as_json: JsonOption = False) -> None:
+    """Show the database, SQLite driver, embedder (effective / configured / degraded), counts."""
+
+    async def use(memory: MemoryService) -> Status:
+        return await memory.status()
+
+    info = _with_memory(cwd, use)
+    project = str(project_root(cwd))
+    if as_json:
+        data = asdict(info)
+        data["project"] = project
+        data["stats"]["records"] = [
+            {"corpus": c, "scope": s, "state": st, "count": n}
+            for (c, s, st), n in info.stats.records.items()
+        ]
+        _print_json(data)
+        return
+    e = info.embedder
+    out.print(f"database        {info.database} ({info.database_bytes / 1e6:.1f} MB)")
+    out.print(f"sqlite driver   {info.driver}")
+    effective = e.effective if e.effective != "bm25" else "bm25 (lexical floor, no vectors)"
+    out.print(f"embedder        {effective}  [configured: {e.configured}, state: {e.state}]")
+    if e.identity and e.identity != e.effective:
+        out.print(f"store vectors   {e.identity}")
+    if e.degraded:
+        out.print(f"degraded        {e.reason}")
+    out.print(f"awaiting embed  {info.awaiting_embedding}")
+    out.print(f"project         {project}")
+    out.print(f"settings        {', '.join(info.settings_sources) or 'defaults'}")
+    table = Table("corpus", "scope", "current", "history", "archived", box=None)
+    keys = sorted({(c, s) for c, s, _ in info.stats.records})
+    for corpus, scope in keys:
+        counts = [
+            str(info.stats.records.get((corpus, scope, st), 0))
+            for st in ("current", "history", "archived")
+        ]
+        table.add_row(corpus, scope, *counts)
+    if keys:
+        out.print(table)
+    else:
+        out.print("records         none yet")
+    out.print(f"open conflicts  {info.stats.open_conflicts}")
+
+
+@app.command("export")
+def export_cmd(
+    path: Annotated[
+        Path | None, typer.Argument(help="Output file (default: standard output).")
+    ] = None,
+    cwd: CwdOption = None,
+) -> None:
+    """Export every record (archived and history too) and conflict as JSONL."""
+    from memory_mcp.exchange import export_jsonl
+
+    async def use(memory: MemoryService) -> Any:
+        if path is None:
+            return await export_jsonl(memory, sys.stdout)
+        with path.open("w", encoding="utf-8") as fh:
+            return await export_jsonl(memory, fh)
+
+    summary = _with_memory(cwd, use, wait=0)
+    err.print(f"exported {summary.records} records and {summary.conflicts} conflicts")
+
+
+@app.command("import")
+def import_cmd(
+    path: Annotated[Path, typer.Argument(help="A file made by `memory-mcp export` ('-': stdin).")],
+    cwd: CwdOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Import an export: records are added exactly (existing ids skipped), then embedded."""
+    from memory_mcp.exchange import import_jsonl
+
+    if str(path) != "-" and not path.is_file():
+        err.print(f"error: {path} is not a file")
+        raise typer.Exit(66)
+
+    async def use(memory: MemoryService) -> Any:
+        with _progress("importing", None) as report:
+            if str(path) == "-":
+                return await import_jsonl(memory, sys.stdin, progress=report)
+            with path.open(encoding="utf-8") as fh:
+                return await import_jsonl(memory, fh, progress=report)
+
+    summary = _with_memory(cwd, use)
+    if as_json:
+        _print_json(asdict(summary))
+        return
+    out.print(
+        f"added {summary.records_added} records ({summary.records_skipped} already there), "
+        f"{summary.conflicts_added} conflicts; embedded {summary.embedded}, "
+        f"{summary.awaiting_embedding} awaiting an embedder"
+    )
+
+
+@app.command()
+def reembed(
+    batch_size: Annotated[int, typer.Option(min=1, max=1024, help="Records per batch.")] = 64,
+    cwd: CwdOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Give every current record a vector from the active embedder (resumable)."""
+
+    async def use(memory: MemoryService) -> Any:
+        total = await memory.db.count_needing_embedding(memory.embeddings.identity)
+        with _progress("re-embedding", total) as report:
+            return await memory.reembed(batch_size=batch_size, progress=report)
+
+    summary = _with_memory(cwd, use, wait=600)
+    if as_json:
+        _print_json(asdict(summary))
+    else:
+        out.print(
+            f"embedded {summary.embedded} records with {summary.embedder}; "
+            f"{summary.remaining} remaining"
+        )
+
+
+# Benchmarks ---------------------------------------------------------------------------
+
+
+@bench_app.command("fold")
+def bench_fold(
+    pairs: Annotated[Path, typer.Argument(help="Labelled pairs, JSONL (see bench/FORMAT.md).")],
+    as_json: JsonOption = False,
+) -> None:
+    """Store a then b for each pair in a fresh scope; count what the pipeline did per label."""
+    from memory_mcp.bench.fold import ACTIONS, LABELS, read_pairs, run_fold_bench
+
+    async def work() -> Any:
+        loaded = _settings(None)
+        items = read_pairs(pairs)
+        with tempfile.TemporaryDirectory(prefix="memory-mcp-bench-") as tmp:
+            async with MemoryService.open(
+                loaded, database=Path(tmp) / "bench.db", wait_for_embedder=_EMBEDDER_WAIT
+            ) as memory:
+                with _progress("pairs", len(items)) as report:
+                    return await run_fold_bench(memory, items, progress=report)
+
+    report = _run(work)
+    if as_json:
+        _print_json(report.to_json())
+        return
+    out.print(f"{report.pairs} pairs, embedder {report.embedder}")
+    labels = [label for label in LABELS if label in report.counts] + sorted(
+        set(report.counts) - set(LABELS)
+    )
+    for source, by_label in [("all", report.counts), *sorted(report.by_source.items())]:
+        if source != "all" and len(report.by_source) < 2:
+            continue
+        table = Table(f"label ({source})", *ACTIONS, "total", box=None)
+        for label in labels:
+            counts = by_label.get(label)
+            if counts:
+                table.add_row(label, *[str(counts[a]) for a in ACTIONS], str(sum(counts.values())))
+        out.print(table)
+    precision, recall = report.fold_precision, report.fold_recall
+    out.print(
+        f"fold precision {precision:.3f}" if precision is not None else "fold precision n/a",
+        f"  recall {recall:.3f}" if recall is not None else "",
+    )
+    for label in ("update", "contradiction"):
+        if label in report.counts:
+            kept, both = report.old_value_kept(label)
+            out.print(f"{label}: old value kept visible {kept}, left as two current facts {both}")
+
+
+@bench_app.command("retrieval")
+def bench_retrieval(
+    data: Annotated[Path, typer.Argument(help="Benchmark data (*.jsonl or *.jsonl.gz).")],
+    run_out: Annotated[Path, typer.Option("--out", help="Where to write the run file.")],
+    cases: Annotated[int | None, typer.Option(help="Only the first N cases.")] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Run the retrieval benchmark (bench/FORMAT.md): store, search, score."""
+    from memory_mcp.bench.retrieval import read_cases, run_retrieval_bench
+
+    if not data.is_file():
+        err.print(f"error: {data} is not a file")
+        raise typer.Exit(66)
+    total_cases = sum(1 for _ in read_cases(data)) if cases is None else cases
+
+    async def work() -> Any:
+        loaded = _settings(None)
+        with tempfile.TemporaryDirectory(prefix="memory-mcp-bench-") as tmp:
+            async with MemoryService.open(
+                loaded, database=Path(tmp) / "bench.db", wait_for_embedder=_EMBEDDER_WAIT
+            ) as memory:
+                with (
+                    _progress("cases", total_cases) as report,
+                    run_out.open("w", encoding="utf-8") as fh,
+                ):
+                    return await run_retrieval_bench(
+                        memory, data, fh, max_cases=cases, progress=report
+                    )
+
+    report = _run(work)
+    if as_json:
+        _print_json(report.to_json())
+        return
+    for warning in report.warnings:
+        err.print(f"warning: {warning}")
+    out.print(
+        f"{report.cases} cases, {report.memories} memories, {report.table.queries} scored "
+        f"queries; embedder {report.embedder}, search {report.mode}; run file {run_out}"
+    )
+    if report.skipped:
+        out.print(f"{report.skipped} memories could not be stored (see the warnings)")
+    _metric_table(report.table)
+    for name, half in (
+        ("cases at even positions", report.even),
+        ("cases at odd positions", report.odd),
+    ):
+        o = half.overall
+        out.print(
+            f"{name}: {half.queries} queries, sess_all@5 {o.get('sess_all@5', 0):.1f}, "
+            f"turn_recall@10 {o.get('turn_recall@10', 0):.1f}"
+        )
+
+
+def _metric_table(table: Any) -> None:
+    from memory_mcp.bench.metrics import HEADLINE
+
+    columns = [*HEADLINE, "sess_any@5", "turn_all@10", "turn_ndcg@10", "turn_recall@50"]
+    rows = [("overall", table.queries, table.overall)] + [
+        (c, table.queries_by_category[c], m) for c, m in table.by_category.items()
+    ]
+    width = max(len(name) for name, _, _ in rows)
+    out.print(f"{'category':<{width}}  {'n':>4}  " + "  ".join(f"{c:>14}" for c in columns))
+    for name, n, metrics in rows:
+        cells = [f"{metrics[c]:>14.1f}" if c in metrics else f"{'-':>14}" for c in columns]
+        out.print(f"{name:<{width}}  {n:>4}  " + "  ".join(cells))

@@ -1,0 +1,134 @@
+"""Lossless export and import: JSONL, every field, archived records and history too.
+
+    {"type": "header", "format": "memory-mcp-export", "version": 1, ...}
+    {"type": "record", "id": "f_01...", "corpus": "facts", ... every Record field}
+    {"type": "conflict", "id": 3, "record_id": "f_...", "other_id": "f_...", ...}
+
+Vectors are not exported (they depend on the embedder, and can be rebuilt):
+import writes each record exactly, then embeds the current ones with the
+active embedder. Import is idempotent: a record whose id exists is skipped, so
+an interrupted import can simply be run again.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from typing import Any, TextIO
+
+from memory_mcp.errors import InvalidInput
+from memory_mcp.records import Conflict, Record, format_time, utcnow
+from memory_mcp.service import MemoryService
+
+EXPORT_FORMAT = "memory-mcp-export"
+EXPORT_VERSION = 1
+_IMPORT_BATCH = 500
+
+
+@dataclass(frozen=True)
+class ExportSummary:
+    records: int
+    conflicts: int
+
+
+@dataclass(frozen=True)
+class ImportSummary:
+    records_added: int
+    records_skipped: int
+    conflicts_added: int
+    embedded: int
+    awaiting_embedding: int
+
+
+async def export_jsonl(memory: MemoryService, out: TextIO) -> ExportSummary:
+    """Write the whole store to ``out``."""
+    header = {
+        "type": "header",
+        "format": EXPORT_FORMAT,
+        "version": EXPORT_VERSION,
+        "exported_at": format_time(utcnow()),
+    }
+    out.write(json.dumps(header) + "\n")
+    records = 0
+    async for record in memory.db.iter_records():
+        out.write(json.dumps({"type": "record", **record.to_json()}, ensure_ascii=False) + "\n")
+        records += 1
+    conflicts = await memory.db.conflicts()
+    for conflict in conflicts:
+        out.write(json.dumps({"type": "conflict", **conflict.to_json()}, ensure_ascii=False) + "\n")
+    return ExportSummary(records, len(conflicts))
+
+
+def parse_export(lines: Iterable[str]) -> tuple[list[Record], list[Conflict]]:
+    """Read an export completely before anything is written.
+
+    Raises:
+        InvalidInput: the file is not a memory-mcp export, or a line is malformed
+            (the message names the line).
+    """
+    records: list[Record] = []
+    conflicts: list[Conflict] = []
+    seen_header = False
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            data: Any = json.loads(line)
+            kind = data.get("type") if isinstance(data, dict) else None
+            if kind != "header" and not seen_header:
+                raise InvalidInput(
+                    f"line {number}: the file does not start with a memory-mcp header"
+                )
+            if kind == "header":
+                if data.get("format") != EXPORT_FORMAT:
+                    raise ValueError(f"format is {data.get('format')!r}, not {EXPORT_FORMAT}")
+                if int(data.get("version", 0)) > EXPORT_VERSION:
+                    raise ValueError(
+                        f"version {data.get('version')} is newer than this memory-mcp reads "
+                        f"({EXPORT_VERSION}); upgrade memory-mcp"
+                    )
+                seen_header = True
+            elif kind == "record":
+                records.append(Record.from_json(data))
+            elif kind == "conflict":
+                conflicts.append(Conflict.from_json(data))
+            else:
+                raise ValueError(f"unknown line type {kind!r}")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise InvalidInput(f"line {number}: not a memory-mcp export line ({exc})") from None
+    if not seen_header:
+        raise InvalidInput("the file is empty; it is not a memory-mcp export")
+    return records, conflicts
+
+
+async def import_jsonl(
+    memory: MemoryService,
+    lines: Iterable[str],
+    *,
+    progress: Callable[[int, int], None] | None = None,
+) -> ImportSummary:
+    """Add an export's records and conflicts to the store, then embed what is current."""
+    records, conflicts = parse_export(lines)
+    added = skipped = 0
+    for start in range(0, len(records), _IMPORT_BATCH):
+        batch = records[start : start + _IMPORT_BATCH]
+        async with memory.db.write() as tx:
+            for record in batch:
+                # The vectors are not in the file: the record waits for the re-embed.
+                if await tx.insert_raw(replace(record, embedder=None)):
+                    added += 1
+                else:
+                    skipped += 1
+        if progress is not None:
+            progress(start + len(batch), len(records))
+    conflicts_added = 0
+    if conflicts:
+        async with memory.db.write() as tx:
+            for conflict in conflicts:
+                conflicts_added += int(await tx.import_conflict(conflict))
+    embedded = 0
+    if memory.embeddings.ready and added:
+        embedded = (await memory.reembed()).embedded
+    awaiting = await memory.db.count_needing_embedding(memory.embeddings.identity)
+    return ImportSummary(added, skipped, conflicts_added, embedded, awaiting)

@@ -1,0 +1,235 @@
+"""The command line, through typer's CliRunner: output, JSON and exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import MODEL_ENV, SHARED, model_path
+from memory_mcp.cli import app
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def with_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(MODEL_ENV, str(model_path()))
+
+
+def run(*args: str, cwd: Path | None = None) -> tuple[int, str, str]:
+    old = os.getcwd()
+    if cwd is not None:
+        os.chdir(cwd)
+    try:
+        result = runner.invoke(app, list(args))
+    finally:
+        os.chdir(old)
+    return result.exit_code, result.stdout, result.stderr
+
+
+@pytest.mark.usefixtures("with_model")
+def test_store_then_search_from_the_repo_and_a_subdirectory_but_not_another_repo(
+    project: Path, other_project: Path
+) -> None:
+    code, out, _ = run("store", "We deploy with GitHub Actions to Fly.io", cwd=project)
+    assert code == 0 and "stored" in out
+    for where in (project, project / "src" / "pkg"):
+        code, out, _ = run("search", "how do we deploy", cwd=where)
+        assert code == 0 and "We deploy with GitHub Actions to Fly.io" in out
+    code, out, _ = run("search", "how do we deploy", cwd=other_project)
+    assert code == 0 and "no memories found" in out
+    code, _, _ = run("store", "--scope", "global", "The user prefers concise answers", cwd=project)
+    assert code == 0
+    for where in (project, other_project):
+        code, out, _ = run("search", "concise answers", cwd=where)
+        assert "The user prefers concise answers" in out
+
+
+@pytest.mark.usefixtures("with_model")
+def test_json_output_reports_the_fold_decision(project: Path) -> None:
+    run("store", "The pigeon app's minimum iOS version is 15.", cwd=project)
+    code, out, _ = run(
+        "store", "--json", "The pigeon app's minimum iOS version is 16.", cwd=project
+    )
+    assert code == 0
+    result = json.loads(out)
+    assert result["action"] == "superseded" and result["related_content"].endswith("15.")
+    code, out, _ = run("search", "--json", "pigeon iOS version", cwd=project)
+    hits = json.loads(out)["hits"]
+    assert [h["content"] for h in hits] == ["The pigeon app's minimum iOS version is 16."]
+    assert json.loads(out)["mode"] == "hybrid"
+
+
+def test_bad_input_exits_with_a_message_and_a_meaningful_code(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MEMORY_MCP_EMBEDDER_BACKEND", "bm25")
+    assert run("store", "--kind", "memo", "x", cwd=project)[0] == 65
+    code, _, err = run("store", "   ", cwd=project)
+    assert code == 65 and "content is empty" in err
+    assert run("search", "x", "--limit", "0", cwd=project)[0] == 65
+    code, _, err = run("forget", "f_missing", cwd=project)
+    assert code == 66 and "no record" in err
+    assert run("store", "--scope", "session", "x", cwd=project)[0] == 2
+    assert run("import", str(project / "missing.jsonl"), cwd=project)[0] == 66
+
+
+def test_a_configuration_error_exits_78(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEMORY_MCP_SEARCH_CANDIDATES", "lots")
+    code, _, err = run("status", cwd=project)
+    assert code == 78 and "search.candidates" in err
+
+
+@pytest.mark.usefixtures("with_model")
+def test_status_names_the_driver_and_the_embedder(project: Path) -> None:
+    code, out, _ = run("status", cwd=project)
+    assert code == 0
+    assert "sqlite-vec" in out
+    assert "fastembed:sentence-transformers/all-MiniLM-L6-v2" in out
+    code, out, _ = run("status", "--json", cwd=project)
+    data = json.loads(out)
+    assert data["vectors"] is True
+    assert data["embedder"]["effective"] == "fastembed:sentence-transformers/all-MiniLM-L6-v2"
+    assert data["embedder"]["degraded"] is False
+    assert data["project"] == str(project.resolve())
+
+
+def test_with_no_model_everything_works_on_the_bm25_floor_and_status_says_so(
+    project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    empty = tmp_path / "no-model-here"
+    empty.mkdir()
+    monkeypatch.setenv(MODEL_ENV, str(empty))
+    code, out, _ = run("store", "Lint with ruff before committing", cwd=project)
+    assert code == 0 and "lexical floor" in out
+    code, out, err = run("search", "ruff lint", cwd=project)
+    assert code == 0 and "Lint with ruff before committing" in out
+    assert "lexical search only" in err
+    code, out, _ = run("status", "--json", cwd=project)
+    embedder = json.loads(out)["embedder"]
+    assert embedder["effective"] == "bm25" and embedder["degraded"] is True
+    assert "no ONNX model" in embedder["reason"]
+
+
+@pytest.mark.usefixtures("with_model")
+def test_export_import_and_reembed_round_trip(
+    project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run("store", "Use uv for installs", cwd=project)
+    run("store", "--kind", "decision", "We chose SQLite over Postgres for the store", cwd=project)
+    dump = tmp_path / "dump.jsonl"
+    code, _, err = run("export", str(dump), cwd=project)
+    assert code == 0 and "exported 2 records" in err
+    monkeypatch.setenv("MEMORY_MCP_DATA_DIR", str(tmp_path / "second"))
+    code, out, _ = run("import", "--json", str(dump), cwd=project)
+    assert code == 0
+    summary = json.loads(out)
+    assert summary["records_added"] == 2 and summary["embedded"] == 2
+    code, out, _ = run("reembed", "--json", cwd=project)
+    assert code == 0 and json.loads(out)["remaining"] == 0
+    code, out, _ = run("search", "why SQLite", cwd=project)
+    assert "We chose SQLite over Postgres" in out
+
+
+@pytest.mark.usefixtures("with_model")
+def test_bench_fold_prints_what_the_pipeline_did_per_label(tmp_path: Path) -> None:
+    pairs = tmp_path / "pairs.jsonl"
+    rows = [
+        {
+            "a": "The pigeon app's minimum iOS version is 15.",
+            "b": "The pigeon app's minimum iOS version is 16.",
+            "label": "update",
+        },
+        {"a": "Run tests with pytest -x", "b": "Never run tests with -x", "label": "contradiction"},
+        {
+            "a": "We deploy with GitHub Actions to Fly.io",
+            "b": "Deploys to production go out via GitHub Actions onto Fly.io",
+            "label": "duplicate",
+        },
+        {
+            "a": "The Redis session TTL is 30 minutes.",
+            "b": "Redis rate-limit counters use a 60-second window.",
+            "label": "related",
+        },
+    ]
+    pairs.write_text("\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8")
+    code, out, _ = run("bench", "fold", "--json", str(pairs))
+    assert code == 0
+    report = json.loads(out)
+    assert report["counts"] == {
+        "update": {"superseded": 1},
+        "contradiction": {"conflict": 1},
+        "duplicate": {"folded": 1},
+        "related": {"inserted": 1},
+    }
+    assert report["fold_precision"] == 1.0
+    code, out, _ = run("bench", "fold", str(pairs))
+    assert code == 0 and "fold precision 1.000" in out
+
+
+@pytest.mark.usefixtures("with_model")
+def test_bench_retrieval_writes_a_run_file_in_the_benchmark_format(tmp_path: Path) -> None:
+    data = tmp_path / "data.jsonl"
+    case = {
+        "case": "t-000",
+        "memories": [
+            {
+                "id": "m1",
+                "text": "I adopted a beagle named Max last spring.",
+                "time": "2023-05-01T10:00:00",
+                "group": "s1",
+            },
+            {
+                "id": "m2",
+                "text": "My sister lives in Lisbon and teaches chemistry.",
+                "time": "2023-05-02T10:00:00",
+                "group": "s2",
+            },
+            {
+                "id": "m3",
+                "text": "I switched my commute to cycling in June.",
+                "time": "2023-06-03T10:00:00",
+                "group": "s3",
+            },
+        ],
+        "queries": [
+            {
+                "id": "q0",
+                "text": "What is my dog's name?",
+                "time": "2023-07-01T00:00:00",
+                "gold": ["m1"],
+                "gold_groups": ["s1"],
+                "category": "single-session-user",
+            },
+            {
+                "id": "q1",
+                "text": "How do I get to work?",
+                "time": "2023-07-01T00:00:00",
+                "gold": ["m3"],
+                "gold_groups": ["s3"],
+                "category": "single-session-user",
+            },
+        ],
+    }
+    data.write_text(json.dumps(case) + "\n", encoding="utf-8")
+    run_file = tmp_path / "run.jsonl"
+    code, out, _ = run("bench", "retrieval", str(data), "--out", str(run_file), "--json")
+    assert code == 0
+    lines = [json.loads(line) for line in run_file.read_text(encoding="utf-8").splitlines()]
+    assert [(line["case"], line["query"]) for line in lines] == [("t-000", "q0"), ("t-000", "q1")]
+    assert all(
+        sorted(line["ranked"]) == ["m1", "m2", "m3"] for line in lines
+    )  # every memory ranked
+    assert lines[0]["ranked"][0] == "m1" and lines[1]["ranked"][0] == "m3"
+    report = json.loads(out)
+    assert report["metrics"]["overall"]["turn_recall@5"] == 100.0
+    assert report["metrics"]["queries"] == 2
+
+
+def test_the_shared_benchmark_data_is_beside_the_repository() -> None:
+    # CI runs with ../shared beside the clone; the README's benchmark commands use it.
+    assert (SHARED / "bench" / "fold-pairs-visible.jsonl").is_file()

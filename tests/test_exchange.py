@@ -1,0 +1,83 @@
+"""Export and import are lossless: every field, archived records and history included."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from memory_mcp.config import Settings
+from memory_mcp.embedders.base import FakeEmbedder
+from memory_mcp.errors import InvalidInput
+from memory_mcp.exchange import export_jsonl, import_jsonl, parse_export
+from memory_mcp.service import MemoryService
+
+pytestmark = pytest.mark.anyio
+
+
+async def fill(memory: MemoryService, project: Path) -> None:
+    await memory.store("Use uv for installs.", cwd=project, importance=0.9, tags=["tooling"])
+    await memory.store("use UV for installs", cwd=project)  # folds
+    await memory.store("The pigeon app's minimum iOS version is 15.", cwd=project)
+    await memory.store("The pigeon app's minimum iOS version is 16.", cwd=project)  # supersedes
+    await memory.store("Run tests with pytest -x", cwd=project)
+    await memory.store("Never run tests with -x", cwd=project)  # conflict
+    await memory.store("Ship v2 by March", kind="goal", cwd=project)
+    await memory.store("Ship v2 by April", kind="goal", cwd=project)  # replaces
+    await memory.store(
+        "Paired with Dana on the cache bug", kind="journal", cwd=project, agent="codex"
+    )
+    await memory.store("The user prefers short answers", scope="global", cwd=project)
+    forgotten = await memory.store("Temporary note", cwd=project)
+    await memory.forget(forgotten.id, reason="done")
+    await memory.search("pigeon iOS", cwd=project)  # access counts are exported too
+
+
+async def dump(memory: MemoryService) -> list[dict[str, object]]:
+    out = io.StringIO()
+    await export_jsonl(memory, out)
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    return [line for line in lines if line["type"] != "header"]
+
+
+async def test_export_then_import_reproduces_every_field(tmp_path: Path, project: Path) -> None:
+    async with MemoryService.open(
+        Settings(), database=tmp_path / "a.db", embedder=FakeEmbedder()
+    ) as a:
+        await fill(a, project)
+        original = await dump(a)
+        text = io.StringIO()
+        await export_jsonl(a, text)
+    kinds = {line["type"] for line in original}
+    assert kinds == {"record", "conflict"}
+    assert any(line.get("archived_reason") == "done" for line in original)
+    assert any(line.get("replaced_by") for line in original)
+    assert any(line.get("merged_from") for line in original)
+
+    async with MemoryService.open(
+        Settings(), database=tmp_path / "b.db", embedder=FakeEmbedder()
+    ) as b:
+        summary = await import_jsonl(b, text.getvalue().splitlines())
+        assert summary.records_added == sum(1 for line in original if line["type"] == "record")
+        assert summary.conflicts_added == 1 and summary.awaiting_embedding == 0
+        restored = await dump(b)
+        assert restored == original
+        again = await import_jsonl(b, text.getvalue().splitlines())  # idempotent
+        assert again.records_added == 0 and again.records_skipped == summary.records_added
+        assert (await b.search("pigeon minimum iOS", cwd=project)).mode == "hybrid"
+
+
+def test_a_file_that_is_not_an_export_is_refused_with_the_line_number() -> None:
+    with pytest.raises(InvalidInput, match="does not start with a memory-mcp header"):
+        parse_export(['{"type": "record"}'])
+    header = json.dumps({"type": "header", "format": "memory-mcp-export", "version": 1})
+    with pytest.raises(InvalidInput, match="line 2"):
+        parse_export([header, "{not json"])
+    with pytest.raises(InvalidInput, match="line 2"):
+        parse_export([header, json.dumps({"type": "record", "id": "x"})])
+    with pytest.raises(InvalidInput, match="newer"):
+        parse_export([json.dumps({"type": "header", "format": "memory-mcp-export", "version": 99})])
+    with pytest.raises(InvalidInput, match="empty"):
+        parse_export([])
