@@ -64,9 +64,13 @@ async def test_an_exact_repeat_folds_keeping_the_old_id_and_text(
 async def test_a_reworded_duplicate_folds(memory: MemoryService, project: Path) -> None:
     first = await memory.store("Run the linter with make lint before pushing", cwd=project)
     second = await memory.store("Run the linter with make lint before a push", cwd=project)
-    assert second.action == "folded"
-    assert (await memory.get(second.id)).merged_from[0].content == first.related_content or True
-    assert (await memory.get(second.id)).merged_from[0].id == first.id
+    assert second.action == "folded" and second.related_id == first.id
+    canonical = await memory.get(second.id)
+    assert canonical.content == "Run the linter with make lint before a push"
+    assert [(m.id, m.content) for m in canonical.merged_from] == [
+        (first.id, "Run the linter with make lint before pushing")
+    ]
+    assert canonical.fold_count == 1
 
 
 async def test_an_update_supersedes_and_keeps_the_old_value_in_history(
