@@ -160,3 +160,46 @@ async def test_a_failed_transaction_leaves_nothing_behind(tmp_path: Path) -> Non
         assert [h.record.id for h in await store.nearest(unit(0, 1, 1), "m", FILTERS, 5)] == [r.id]
     finally:
         await store.close()
+
+
+async def test_vectors_follow_reembeds_folds_and_deletes_without_touching_others(
+    tmp_path: Path,
+) -> None:
+    store = await SqliteStore.open(tmp_path / "m.db")
+
+    async def index_rows() -> int:
+        return (await store.stats()).vector_indexes[0][3]
+
+    try:
+        a, b = record("alpha", embedder="m"), record("beta", embedder="m")
+        elsewhere = record("gamma", embedder="m")
+        elsewhere.scope_key = "/other"
+        async with store.write() as tx:
+            await tx.insert(a, unit(1, 0, 0)[None, :])
+            await tx.insert(b, np.stack([unit(0, 1, 0), unit(0, 1, 1)]))
+            await tx.insert(elsewhere, unit(1, 0, 0)[None, :])
+        assert await index_rows() == 4
+
+        async with store.write() as tx:  # re-embed: b's two vectors become three others
+            assert await tx.set_vectors(
+                [(b.id, np.stack([unit(0, 0, 1), unit(1, 1, 1), unit(1, 0, 1)]))], "m"
+            )
+        assert await index_rows() == 5
+        assert abs((await store.dense_scores(unit(0, 1, 0), "m", [b.id]))[b.id] - 0.577) < 1e-3
+
+        async with store.write() as tx:  # a folds into b: its vector moves along
+            assert await tx.carry_vectors(a.id, b.id, "m") == 1
+            await tx.fold_into(a, b.id, None, format_time(utcnow()))  # type: ignore[arg-type]
+        assert await index_rows() == 5
+        assert abs((await store.dense_scores(unit(1, 0, 0), "m", [b.id]))[b.id] - 1.0) < 1e-5
+        assert await store.dense_scores(unit(1, 0, 0), "m", [a.id]) == {}
+
+        async with store.write() as tx:  # a hard delete (the purge) takes its vectors along
+            await tx._exec("DELETE FROM records WHERE id = ?", [b.id])
+        assert await index_rows() == 1
+        hits = await store.nearest(unit(1, 0, 0), "m", Filters(("/other",), ("facts",)), 5)
+        assert [h.record.id for h in hits] == [elsewhere.id]
+        async with store.write() as tx:
+            assert await tx._fetch("SELECT count(*) FROM retired_vectors") == [(0,)]
+    finally:
+        await store.close()

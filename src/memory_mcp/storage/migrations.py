@@ -8,7 +8,9 @@ online backup. A database that knows migrations this code does not is refused
 (fail-closed) instead of being used by an older memory-mcp.
 
 Vector tables are not created here: there is one per (embedder, dimension),
-made when an embedder first writes (see ``sqlite.SqliteStore``).
+made when an embedder first writes (see ``sqlite.SqliteStore``). A record's
+vectors are rows ``seq * MAX_PASSAGES + i`` for ``i < vec_rows`` of its
+embedder's table.
 """
 
 from __future__ import annotations
@@ -81,6 +83,7 @@ CREATE TABLE records (
     supersedes TEXT NOT NULL DEFAULT '[]',
     replaced_by TEXT,
     embedder TEXT,
+    vec_rows INTEGER NOT NULL DEFAULT 0,
     meta TEXT NOT NULL DEFAULT '{}',
     archived_at TEXT,
     archived_reason TEXT,
@@ -109,6 +112,26 @@ CREATE TRIGGER records_fts_update AFTER UPDATE OF content, merged_text, tags ON 
     VALUES ('delete', old.seq, old.content, old.merged_text, old.tags);
     INSERT INTO records_fts (rowid, content, merged_text, tags)
     VALUES (new.seq, new.content, new.merged_text, new.tags);
+END;
+-- Only current records have vectors. vec0 finds rows fast only by rowid
+-- equality (a range or IN list scans the whole index), so a trigger queues the
+-- vector rows of a record that stops being current, and the store deletes them
+-- one rowid at a time before the same transaction commits.
+CREATE TABLE retired_vectors (
+    seq INTEGER NOT NULL,
+    embedder TEXT NOT NULL,
+    vec_rows INTEGER NOT NULL
+);
+CREATE TRIGGER records_retire_vectors AFTER UPDATE OF archived_at, replaced_by ON records
+WHEN old.live = 1 AND new.live = 0 AND old.embedder IS NOT NULL BEGIN
+    INSERT INTO retired_vectors (seq, embedder, vec_rows)
+    VALUES (old.seq, old.embedder, old.vec_rows);
+    UPDATE records SET embedder = NULL, vec_rows = 0 WHERE seq = old.seq;
+END;
+CREATE TRIGGER records_delete_vectors AFTER DELETE ON records
+WHEN old.embedder IS NOT NULL AND old.vec_rows > 0 BEGIN
+    INSERT INTO retired_vectors (seq, embedder, vec_rows)
+    VALUES (old.seq, old.embedder, old.vec_rows);
 END;
 CREATE TABLE conflicts (
     id INTEGER PRIMARY KEY,

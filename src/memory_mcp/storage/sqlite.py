@@ -6,9 +6,14 @@ and serialized in-process by a lock; and a reader, which in WAL mode never
 waits for writers.
 
 Vectors live in one vec0 table per (embedder, dimension), partitioned by scope
-key, with the corpus, kind and liveness of each record as metadata so that
-nearest-neighbour queries filter inside the index. Triggers keep FTS5 and the
-vec0 liveness in step with ``records``; application code never does.
+key, with the corpus and kind of each record as metadata so that
+nearest-neighbour queries filter inside the index. Only current records have
+vectors: record ``seq`` owns rowids ``seq * MAX_PASSAGES + i`` for ``i <
+vec_rows``. vec0 finds a row quickly only by rowid equality (a rowid range or
+IN list scans the whole index), so every per-record read joins on rowid, and
+deletes go one rowid at a time. Triggers keep FTS5 in step with ``records``
+and queue the vectors of a record that stops being current; ``write()``
+deletes them before its transaction commits.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import re
 import sqlite3
 from collections.abc import AsyncIterator, Collection, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -166,6 +172,29 @@ def _blob(vector: Vector) -> bytes:
     return np.ascontiguousarray(vector, dtype=np.float32).tobytes()
 
 
+def _rowid_list(seq: int, count: int) -> str:
+    """The vec0 rowids of a record's first ``count`` passages, as a JSON list."""
+    return json.dumps([seq * MAX_PASSAGES + i for i in range(count)])
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """Where a record's vectors live."""
+
+    seq: int
+    scope_key: str
+    corpus: str
+    kind: str
+    live: int
+    embedder: str | None
+    vec_rows: int
+
+    @property
+    def partition(self) -> tuple[str, str, str]:
+        """The vec0 partition key and metadata columns of its vector rows."""
+        return self.scope_key, self.corpus, self.kind
+
+
 _TABLE_NAME = re.compile(r"^vec_[0-9]+$")
 _KNN_MAX = 4096  # sqlite-vec's largest k
 
@@ -253,20 +282,25 @@ class _Queries:
         table = await self._store._vector_table(self._conn, embedder)
         if table is None or not record_ids:
             return {}
-        seqs = await self._fetch(
-            f"SELECT seq, id FROM records WHERE id IN ({_marks(record_ids)}) AND embedder = ?",
+        slots = await self._fetch(
+            f"SELECT seq, id, vec_rows FROM records WHERE id IN ({_marks(record_ids)}) "
+            "AND embedder = ? AND vec_rows > 0",
             [*record_ids, embedder],
         )
-        blob = _blob(vector)
+        if not slots:
+            return {}
+        rowids = [seq * MAX_PASSAGES + i for seq, _, n in slots for i in range(int(n))]
+        # A join on rowid is a point lookup in vec0 (a range or IN list is a full scan).
+        rows = await self._fetch(
+            f"SELECT j.value, 1.0 - vec_distance_cosine(v.embedding, ?) "
+            f"FROM json_each(?) j JOIN {table} v ON v.rowid = j.value",
+            [_blob(vector), json.dumps(rowids)],
+        )
+        id_of = {int(seq): str(record_id) for seq, record_id, _ in slots}
         scores: dict[str, float] = {}
-        for seq, record_id in seqs:
-            rows = await self._fetch(
-                f"SELECT max(1.0 - vec_distance_cosine(embedding, ?)) FROM {table} "
-                "WHERE rowid BETWEEN ? AND ?",
-                [blob, int(seq) * MAX_PASSAGES, int(seq) * MAX_PASSAGES + MAX_PASSAGES - 1],
-            )
-            if rows and rows[0][0] is not None:
-                scores[str(record_id)] = float(rows[0][0])
+        for rowid, similarity in rows:
+            record_id = id_of[int(rowid) // MAX_PASSAGES]
+            scores[record_id] = max(scores.get(record_id, -1.0), float(similarity))
         return scores
 
     async def find_by_hash(self, content_hash: str, filters: Filters) -> list[Record]:
@@ -299,14 +333,13 @@ class _Transaction(_Queries):
             raise _storage_error(exc) from exc
         return cursor.rowcount
 
-    async def _seq(self, record_id: str) -> tuple[int, str, str, str, int] | None:
+    async def _slot(self, record_id: str) -> _Slot | None:
         rows = await self._fetch(
-            "SELECT seq, scope_key, corpus, kind, live FROM records WHERE id = ?", [record_id]
+            "SELECT seq, scope_key, corpus, kind, live, embedder, vec_rows FROM records "
+            "WHERE id = ?",
+            [record_id],
         )
-        if not rows:
-            return None
-        seq, scope_key, corpus, kind, live = rows[0]
-        return int(seq), scope_key, corpus, kind, int(live)
+        return _Slot(*rows[0]) if rows else None
 
     async def insert(self, record: Record, vectors: Vector | None) -> None:
         """Insert a new record with its passage vectors (one row per passage)."""
@@ -314,50 +347,52 @@ class _Transaction(_Queries):
         if vectors is not None and record.embedder:
             await self._put_vectors(record.id, vectors, record.embedder)
 
-    async def _put_vectors(self, record_id: str, vectors: Vector, embedder: str) -> None:
-        found = await self._seq(record_id)
-        if found is None:
-            return
-        seq, scope_key, corpus, kind, live = found
-        first = seq * MAX_PASSAGES
-        for other in await self._store._all_vector_tables(self._conn):
-            await self._exec(
-                f"DELETE FROM {other} WHERE rowid BETWEEN ? AND ?",
-                [first, first + MAX_PASSAGES - 1],
-            )
-        if not live:
-            return  # only current records are indexed
+    async def _put_vectors(self, record_id: str, vectors: Vector, embedder: str) -> bool:
+        """Make ``vectors`` the record's passage vectors; False if it is not current."""
+        slot = await self._slot(record_id)
+        if slot is None:
+            return False
+        if slot.embedder and slot.vec_rows:
+            await self._store._delete_vectors(self._conn, slot.embedder, slot.seq, slot.vec_rows)
+        if not slot.live:
+            return False  # only current records are indexed
         matrix = np.atleast_2d(vectors)[:MAX_PASSAGES]
         table = await self._store._vector_table(self._conn, embedder, dim=int(matrix.shape[1]))
         assert table is not None
+        first = slot.seq * MAX_PASSAGES
         await self._conn.executemany(
             f"INSERT INTO {table} (rowid, scope_key, corpus, kind, embedding) "
             "VALUES (?, ?, ?, ?, ?)",
-            [(first + i, scope_key, corpus, kind, _blob(row)) for i, row in enumerate(matrix)],
+            [(first + i, *slot.partition, _blob(row)) for i, row in enumerate(matrix)],
         )
+        await self._exec(
+            "UPDATE records SET embedder = ?, vec_rows = ? WHERE seq = ?",
+            [embedder, len(matrix), slot.seq],
+        )
+        return True
 
     async def carry_vectors(self, from_id: str, to_id: str, embedder: str) -> int:
         """Append ``from_id``'s passage vectors to ``to_id``'s (a fold keeps both findable)."""
         table = await self._store._vector_table(self._conn, embedder)
-        source, target = await self._seq(from_id), await self._seq(to_id)
-        if table is None or source is None or target is None or not target[4]:
+        source, target = await self._slot(from_id), await self._slot(to_id)
+        if table is None or source is None or target is None or not target.live:
             return 0
-        first_from, first_to = source[0] * MAX_PASSAGES, target[0] * MAX_PASSAGES
-        span = "rowid BETWEEN ? AND ?"
-        taken = await self._fetch(
-            f"SELECT count(*) FROM {table} WHERE {span}", [first_to, first_to + MAX_PASSAGES - 1]
-        )
-        free = MAX_PASSAGES - int(taken[0][0])
+        if source.embedder != embedder or target.embedder != embedder:
+            return 0
+        free = MAX_PASSAGES - target.vec_rows
         rows = await self._fetch(
-            f"SELECT embedding FROM {table} WHERE {span} ORDER BY rowid LIMIT ?",
-            [first_from, first_from + MAX_PASSAGES - 1, free],
+            f"SELECT v.embedding FROM json_each(?) j JOIN {table} v ON v.rowid = j.value "
+            "ORDER BY j.key",
+            [_rowid_list(source.seq, min(source.vec_rows, free))],
         )
-        _, scope_key, corpus, kind, _ = target
-        start = first_to + int(taken[0][0])
+        start = target.seq * MAX_PASSAGES + target.vec_rows
         await self._conn.executemany(
             f"INSERT INTO {table} (rowid, scope_key, corpus, kind, embedding) "
             "VALUES (?, ?, ?, ?, ?)",
-            [(start + i, scope_key, corpus, kind, row[0]) for i, row in enumerate(rows)],
+            [(start + i, *target.partition, row[0]) for i, row in enumerate(rows)],
+        )
+        await self._exec(
+            "UPDATE records SET vec_rows = vec_rows + ? WHERE seq = ?", [len(rows), target.seq]
         )
         return len(rows)
 
@@ -365,10 +400,7 @@ class _Transaction(_Queries):
         """Replace the vectors of records (re-embedding); returns how many were updated."""
         done = 0
         for record_id, vectors in items:
-            await self._put_vectors(record_id, vectors, embedder)
-            done += await self._exec(
-                "UPDATE records SET embedder = ? WHERE id = ? AND live = 1", [embedder, record_id]
-            )
+            done += await self._put_vectors(record_id, vectors, embedder)
         return done
 
     async def fold_into(self, old: Record, new_id: str, entry: MergedEntry, at: str) -> None:
@@ -508,6 +540,7 @@ class SqliteStore:
             pending = dict(self._tables)
             try:
                 yield _Transaction(self._writer, self)
+                await self._sweep_retired(self._writer)
             except BaseException:
                 with anyio.CancelScope(shield=True):
                     await self._writer.execute("ROLLBACK")
@@ -632,7 +665,7 @@ class SqliteStore:
         ):
             if not _TABLE_NAME.match(table):
                 continue
-            count = await self._queries._fetch(f"SELECT count(*) FROM {table}_rowids")
+            count = await self._queries._fetch(f"SELECT count(*) FROM {table}")
             stats.vector_indexes.append((table, embedder, int(dim), int(count[0][0])))
         conflicts = await self._queries._fetch(
             "SELECT count(*) FROM conflicts WHERE resolved_at IS NULL"
@@ -647,11 +680,28 @@ class SqliteStore:
 
     # Vector tables -------------------------------------------------------------------
 
-    async def _all_vector_tables(self, conn: aiosqlite.Connection) -> list[str]:
-        if not self.driver.vectors:
-            return []
-        rows = await conn.execute_fetchall("SELECT table_name FROM vector_indexes")
-        return [str(r[0]) for r in rows if _TABLE_NAME.match(str(r[0]))]
+    async def _delete_vectors(
+        self, conn: aiosqlite.Connection, embedder: str, seq: int, count: int
+    ) -> None:
+        """Delete a record's passage vectors, one rowid at a time (vec0's only fast delete)."""
+        table = await self._vector_table(conn, embedder)
+        if table is None or count <= 0:
+            return
+        first = seq * MAX_PASSAGES
+        await conn.executemany(
+            f"DELETE FROM {table} WHERE rowid = ?", [(first + i,) for i in range(count)]
+        )
+
+    async def _sweep_retired(self, conn: aiosqlite.Connection) -> None:
+        """Delete the vectors the retire triggers queued in this transaction."""
+        queued = list(
+            await conn.execute_fetchall("SELECT seq, embedder, vec_rows FROM retired_vectors")
+        )
+        if not queued:
+            return
+        for seq, embedder, count in queued:
+            await self._delete_vectors(conn, str(embedder), int(seq), int(count))
+        await conn.execute("DELETE FROM retired_vectors")
 
     async def _vector_table(
         self, conn: aiosqlite.Connection, embedder: str, *, dim: int | None = None
@@ -689,22 +739,6 @@ class SqliteStore:
             f"CREATE VIRTUAL TABLE {table} USING vec0("
             "scope_key TEXT PARTITION KEY, corpus TEXT, kind TEXT, "
             f"embedding FLOAT[{dim}] distance_metric=cosine)"
-        )
-        # Only current records are indexed: a record that is archived or replaced
-        # loses its vectors (restoring it re-embeds it), and so does a deleted one.
-        span = (
-            f"rowid BETWEEN {{row}}.seq * {MAX_PASSAGES} "
-            f"AND {{row}}.seq * {MAX_PASSAGES} + {MAX_PASSAGES - 1}"
-        )
-        await conn.execute(
-            f"CREATE TRIGGER {table}_retire AFTER UPDATE OF archived_at, replaced_by ON records "
-            "WHEN old.live = 1 AND new.live = 0 "
-            f"BEGIN DELETE FROM {table} WHERE {span.format(row='new')}; "
-            "UPDATE records SET embedder = NULL WHERE seq = new.seq; END"
-        )
-        await conn.execute(
-            f"CREATE TRIGGER {table}_delete AFTER DELETE ON records "
-            f"BEGIN DELETE FROM {table} WHERE {span.format(row='old')}; END"
         )
         await conn.execute(
             "INSERT INTO vector_indexes (table_name, embedder, dim, created_at) "
