@@ -229,6 +229,15 @@ def test_bench_retrieval_writes_a_run_file_in_the_benchmark_format(tmp_path: Pat
     assert report["metrics"]["overall"]["turn_recall@5"] == 100.0
     assert report["metrics"]["queries"] == 2
 
+    # The run file alone scores the same, and a query without a run line counts as a miss.
+    code, out, _ = run("bench", "score", str(data), str(run_file), "--json")
+    assert code == 0 and json.loads(out)["metrics"] == report["metrics"]
+    run_file.write_text(json.dumps(lines[0]) + "\n", encoding="utf-8")
+    code, out, _ = run("bench", "score", str(data), str(run_file), "--json")
+    scored = json.loads(out)
+    assert code == 0 and scored["missing_queries"] == 1
+    assert scored["metrics"]["overall"]["turn_recall@5"] == 50.0
+
 
 def test_the_shared_benchmark_data_is_beside_the_repository() -> None:
     # CI runs with ../shared beside the clone; the README's benchmark commands use it.

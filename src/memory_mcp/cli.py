@@ -506,15 +506,52 @@ def bench_retrieval(
         err.print(f"warning: {warning}")
     out.print(
         f"{report.cases} cases, {report.memories} memories, {report.table.queries} scored "
-        f"queries; embedder {report.embedder}, search {report.mode}; run file {run_out}"
+        f"queries ({report.table.turn_queries} with gold turns, for the turn metrics); "
+        f"embedder {report.embedder}, search {report.mode}; run file {run_out}"
     )
     if report.skipped:
         out.print(f"{report.skipped} memories could not be stored (see the warnings)")
-    _metric_table(report.table)
-    for name, half in (
-        ("cases at even positions", report.even),
-        ("cases at odd positions", report.odd),
-    ):
+    _metric_tables(report.table, report.even, report.odd)
+
+
+@bench_app.command("score")
+def bench_score(
+    data: Annotated[Path, typer.Argument(help="Benchmark data (*.jsonl or *.jsonl.gz).")],
+    run_file: Annotated[
+        Path, typer.Argument(help="A run file (bench/FORMAT.md), from any system.")
+    ],
+    as_json: JsonOption = False,
+) -> None:
+    """Score a run file against the benchmark data (bench/FORMAT.md), as bench retrieval does."""
+    from memory_mcp.bench.retrieval import score_run
+
+    for path in (data, run_file):
+        if not path.is_file():
+            err.print(f"error: {path} is not a file")
+            raise typer.Exit(66)
+
+    async def work() -> Any:
+        return score_run(data, run_file)
+
+    report = _run(work)
+    if as_json:
+        _print_json(report.to_json())
+        return
+    if report.missing:
+        err.print(f"warning: {report.missing} queries have no run line (scored as empty rankings)")
+    if report.unknown:
+        err.print(f"warning: {report.unknown} run lines name no query of {data}")
+    out.print(
+        f"{report.table.queries} scored queries ({report.table.turn_queries} with gold turns, "
+        "for the turn metrics)"
+    )
+    _metric_tables(report.table, report.even, report.odd)
+
+
+def _metric_tables(table: Any, even: Any, odd: Any) -> None:
+    """The metric table, then the headline metrics of each half of the cases."""
+    _metric_table(table)
+    for name, half in (("cases at even positions", even), ("cases at odd positions", odd)):
         o = half.overall
         out.print(
             f"{name}: {half.queries} queries, sess_all@5 {o.get('sess_all@5', 0):.1f}, "

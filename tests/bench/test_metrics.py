@@ -46,6 +46,7 @@ def test_aggregate_averages_in_percent_overall_and_per_category() -> None:
     ]
     table = aggregate(rows)
     assert table.queries == 3
+    assert table.turn_queries == 2  # the third has gold groups only
     assert table.overall["turn_recall@10"] == 75.0
     assert table.overall["sess_all@5"] == pytest.approx(66.7)
     assert table.by_category["a"]["sess_all@5"] == 50.0

@@ -65,12 +65,14 @@ class MetricTable:
 
     overall: dict[str, float] = field(default_factory=dict)
     by_category: dict[str, dict[str, float]] = field(default_factory=dict)
-    queries: int = 0
+    queries: int = 0  # scored queries (session metrics: every query with gold groups)
+    turn_queries: int = 0  # of those, the ones with gold ids (turn metrics)
     queries_by_category: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, object]:
         return {
             "queries": self.queries,
+            "turn_queries": self.turn_queries,
             "overall": self.overall,
             "by_category": self.by_category,
             "queries_by_category": self.queries_by_category,
@@ -81,11 +83,12 @@ def aggregate(rows: Iterable[tuple[str, dict[str, float]]]) -> MetricTable:
     """Average per-query metrics (category, metrics) into a table, in percent."""
     sums: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     counts: dict[str, int] = defaultdict(int)
-    total = 0
+    total = turn_total = 0
     for category, metrics in rows:
         if not metrics:
             continue
         total += 1
+        turn_total += "turn_recall@10" in metrics
         counts[category] += 1
         for name, value in metrics.items():
             sums[category][name].append(value)
@@ -102,5 +105,6 @@ def aggregate(rows: Iterable[tuple[str, dict[str, float]]]) -> MetricTable:
         overall=mean(sums["\0all"]),
         by_category={c: mean(sums[c]) for c in sorted(counts)},
         queries=total,
+        turn_queries=turn_total,
         queries_by_category=dict(sorted(counts.items())),
     )

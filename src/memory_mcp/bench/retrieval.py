@@ -14,7 +14,7 @@ from __future__ import annotations
 import gzip
 import json
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -92,6 +92,105 @@ def case_half(index: int) -> str:
     return "even" if index % 2 == 0 else "odd"
 
 
+def groups_of(case: dict[str, Any]) -> dict[str, str]:
+    """Memory id -> the group (session) it came from."""
+    return {str(m["id"]): str(m.get("group", "")) for m in case["memories"]}
+
+
+@dataclass
+class Tally:
+    """Per-query metrics of a run, overall and for each half of the cases."""
+
+    rows: list[tuple[str, dict[str, float]]] = field(default_factory=list)
+    halves: dict[str, list[tuple[str, dict[str, float]]]] = field(
+        default_factory=lambda: {"even": [], "odd": []}
+    )
+
+    def add(
+        self,
+        index: int,
+        case: dict[str, Any],
+        query: dict[str, Any],
+        ranked: Sequence[str],
+        group_of: Mapping[str, str],
+    ) -> None:
+        """Score one query's ranking (queries with no gold at all are skipped)."""
+        judgement = QueryJudgement(
+            case=str(case["case"]),
+            query=str(query["id"]),
+            category=str(query.get("category", "")),
+            gold=frozenset(str(g) for g in query.get("gold", [])),
+            gold_groups=frozenset(str(g) for g in query.get("gold_groups", [])),
+        )
+        if judgement.gold or judgement.gold_groups:
+            metrics = query_metrics(ranked, judgement, group_of)
+            self.rows.append((judgement.category, metrics))
+            self.halves[case_half(index)].append((judgement.category, metrics))
+
+    def tables(self) -> tuple[MetricTable, MetricTable, MetricTable]:
+        """All cases, the even-position cases, the odd-position cases."""
+        return aggregate(self.rows), aggregate(self.halves["even"]), aggregate(self.halves["odd"])
+
+
+@dataclass
+class ScoreReport:
+    """A run file scored against its data (``bench score``)."""
+
+    table: MetricTable
+    even: MetricTable
+    odd: MetricTable
+    missing: int  # queries of the data with no line in the run (scored as empty rankings)
+    unknown: int  # run lines naming no query of the data
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "metrics": self.table.to_json(),
+            "even_cases": self.even.to_json(),
+            "odd_cases": self.odd.to_json(),
+            "missing_queries": self.missing,
+            "unknown_run_lines": self.unknown,
+        }
+
+
+def read_run(path: Path) -> dict[tuple[str, str], list[str]]:
+    """A run file: (case, query) -> ranked memory ids.
+
+    Raises:
+        InvalidInput: a line is not a run line (the message names it).
+    """
+    ranked: dict[tuple[str, str], list[str]] = {}
+    with open_data(path) as fh:
+        for number, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                data = json.loads(line)
+                ids = data["ranked"]
+                if not isinstance(ids, list):
+                    raise TypeError("'ranked' is not a list")
+                ranked[(str(data["case"]), str(data["query"]))] = [str(i) for i in ids]
+            except (ValueError, KeyError, TypeError) as exc:
+                raise InvalidInput(f"{path}:{number}: not a run line ({exc})") from None
+    return ranked
+
+
+def score_run(data: Path, run: Path) -> ScoreReport:
+    """Score any system's run file (bench/FORMAT.md) against the benchmark data."""
+    ranked = read_run(run)
+    tally = Tally()
+    seen: set[tuple[str, str]] = set()
+    missing = 0
+    for index, case in enumerate(read_cases(data)):
+        group_of = groups_of(case)
+        for query in case["queries"]:
+            key = (str(case["case"]), str(query["id"]))
+            seen.add(key)
+            missing += key not in ranked
+            tally.add(index, case, query, ranked.get(key, []), group_of)
+    table, even, odd = tally.tables()
+    return ScoreReport(table, even, odd, missing, len(set(ranked) - seen))
+
+
 async def run_retrieval_bench(
     memory: MemoryService,
     data: Path,
@@ -111,9 +210,8 @@ async def run_retrieval_bench(
         max_cases: stop after this many cases.
         progress: called with (cases done, cases to do or 0 when unknown) after each case.
     """
-    rows: list[tuple[str, dict[str, float]]] = []
-    halves: dict[str, list[tuple[str, dict[str, float]]]] = {"even": [], "odd": []}
-    cases = memories = queries = skipped = 0
+    tally = Tally()
+    cases = memories = skipped = 0
     mode = "lexical"
     warnings: list[str] = []
     with tempfile.TemporaryDirectory(prefix="memory-mcp-bench-retrieval-") as tmp:
@@ -142,7 +240,7 @@ async def run_retrieval_bench(
                         warnings.append(note)
                 else:
                     memory_of[result.id] = str(item["id"])
-            group_of = {str(m["id"]): str(m.get("group", "")) for m in case["memories"]}
+            group_of = groups_of(case)
             for query in case["queries"]:
                 found = await memory.search(
                     str(query["text"]),
@@ -165,26 +263,16 @@ async def run_retrieval_bench(
                     json.dumps({"case": case_id, "query": str(query["id"]), "ranked": ranked})
                     + "\n"
                 )
-                judgement = QueryJudgement(
-                    case=case_id,
-                    query=str(query["id"]),
-                    category=str(query.get("category", "")),
-                    gold=frozenset(str(g) for g in query.get("gold", [])),
-                    gold_groups=frozenset(str(g) for g in query.get("gold_groups", [])),
-                )
-                if judgement.gold or judgement.gold_groups:
-                    metrics = query_metrics(ranked, judgement, group_of)
-                    rows.append((judgement.category, metrics))
-                    halves[case_half(index)].append((judgement.category, metrics))
-                queries += 1
+                tally.add(index, case, query, ranked, group_of)
             cases += 1
             memories += len(requests)
             if progress is not None:
                 progress(cases, max_cases or 0)
+    table, even, odd = tally.tables()
     return RetrievalReport(
-        table=aggregate(rows),
-        even=aggregate(halves["even"]),
-        odd=aggregate(halves["odd"]),
+        table=table,
+        even=even,
+        odd=odd,
         cases=cases,
         memories=memories,
         embedder=memory.embeddings.identity or "bm25",
