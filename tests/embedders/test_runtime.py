@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+import anyio
 import pytest
 
 from memory_mcp.config import EmbedderSettings, Settings
@@ -158,6 +159,12 @@ async def test_a_model_that_must_be_downloaded_does_not_hold_up_the_first_answer
     status = embeddings.status()
     assert status.effective == "bm25" and status.degraded
     assert await embeddings.embed(["x"]) is None
+    # Once the download attempt failed too, the reason says so once, not once per attempt.
+    assert embeddings._loader is not None
+    await anyio.to_thread.run_sync(embeddings._loader.join, 10)
+    status = embeddings.status()
+    assert status.state == "unavailable"
+    assert status.reason.count("fastembed:not-cached is unreachable") == 1
 
 
 async def test_bm25_backend_uses_no_vectors(tmp_path: Path, project: Path) -> None:

@@ -86,6 +86,11 @@ def build_candidates(settings: EmbedderSettings) -> list[Embedder]:
     return candidates
 
 
+def _reasons(errors: Sequence[str]) -> str:
+    """Why loading failed; a candidate tried twice (cache, then download) fails once."""
+    return "; ".join(dict.fromkeys(errors))
+
+
 class Embeddings:
     """The embedder in use and its state; vectors or ``None`` (lexical floor)."""
 
@@ -172,14 +177,14 @@ class Embeddings:
         if fetchable:
             # The first attempt has settled: callers go on lexically while it downloads.
             with self._lock:
-                self._reason = "; ".join(errors)
+                self._reason = _reasons(errors)
             self._settled.set()
             for candidate in fetchable:
                 if self._try(candidate, download=True, errors=errors) == "ready":
                     return
         with self._lock:
             self._state = "unavailable"
-            self._reason = "; ".join(errors) + "; searching lexically until it is available"
+            self._reason = _reasons(errors) + "; searching lexically until it is available"
             self._retry_at = time.monotonic() + self._retry_s
             self._retry_s = min(self._retry_s * 2, _MAX_RETRY_S)
         log.warning("embedder unavailable: %s", self._reason)
