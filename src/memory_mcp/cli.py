@@ -11,8 +11,8 @@ import json
 import logging
 import sys
 import tempfile
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
@@ -51,8 +51,10 @@ CwdOption = Annotated[
     Path | None,
     typer.Option(help="Working directory whose project to use (default: the current one)."),
 ]
-# Seconds a CLI command waits for the embedding model to load before going lexical.
+# Seconds a CLI command waits for the embedding model to load from disk before going
+# lexical, and how long work that needs vectors (reembed, benchmarks) waits for a download.
 _EMBEDDER_WAIT = 60.0
+_DOWNLOAD_WAIT = 600.0
 
 
 def main() -> None:
@@ -102,14 +104,27 @@ def _with_memory(
     *,
     database: Path | None = None,
     wait: float = _EMBEDDER_WAIT,
+    needs_vectors: bool = False,
 ) -> T:
     async def work() -> T:
-        async with MemoryService.open(
-            _settings(cwd), database=database, wait_for_embedder=wait
-        ) as memory:
+        async with _open_memory(_settings(cwd), database, wait, needs_vectors) as memory:
             return await use(memory)
 
     return _run(work)
+
+
+@asynccontextmanager
+async def _open_memory(
+    settings: LoadedSettings, database: Path | None, wait: float, needs_vectors: bool
+) -> AsyncIterator[MemoryService]:
+    """The service; with ``needs_vectors``, after waiting for a model download too."""
+    async with MemoryService.open(settings, database=database, wait_for_embedder=wait) as memory:
+        if needs_vectors and not memory.embeddings.ready:
+            state = memory.embeddings.status()
+            if state.state == "loading":
+                err.print(f"waiting for the embedding model ({state.reason})")
+            await memory.embeddings.wait_loaded(_DOWNLOAD_WAIT)
+        yield memory
 
 
 def _print_json(data: Any) -> None:
@@ -410,7 +425,7 @@ def reembed(
         with _progress("re-embedding", total) as report:
             return await memory.reembed(batch_size=batch_size, progress=report)
 
-    summary = _with_memory(cwd, use, wait=600)
+    summary = _with_memory(cwd, use, needs_vectors=True)
     if as_json:
         _print_json(asdict(summary))
     else:
@@ -435,8 +450,8 @@ def bench_fold(
         loaded = _settings(None)
         items = read_pairs(pairs)
         with tempfile.TemporaryDirectory(prefix="memory-mcp-bench-") as tmp:
-            async with MemoryService.open(
-                loaded, database=Path(tmp) / "bench.db", wait_for_embedder=_EMBEDDER_WAIT
+            async with _open_memory(
+                loaded, Path(tmp) / "bench.db", _EMBEDDER_WAIT, needs_vectors=True
             ) as memory:
                 with _progress("pairs", len(items)) as report:
                     return await run_fold_bench(memory, items, progress=report)
@@ -487,8 +502,8 @@ def bench_retrieval(
     async def work() -> Any:
         loaded = _settings(None)
         with tempfile.TemporaryDirectory(prefix="memory-mcp-bench-") as tmp:
-            async with MemoryService.open(
-                loaded, database=Path(tmp) / "bench.db", wait_for_embedder=_EMBEDDER_WAIT
+            async with _open_memory(
+                loaded, Path(tmp) / "bench.db", _EMBEDDER_WAIT, needs_vectors=True
             ) as memory:
                 with (
                     _progress("cases", total_cases) as report,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -165,6 +166,31 @@ async def test_a_model_that_must_be_downloaded_does_not_hold_up_the_first_answer
     status = embeddings.status()
     assert status.state == "unavailable"
     assert status.reason.count("fastembed:not-cached is unreachable") == 1
+
+
+class Downloadable(FakeEmbedder):
+    """A model that is not cached but downloads (when the test lets it)."""
+
+    def __init__(self) -> None:
+        super().__init__(name="fastembed:downloadable")
+        self.downloaded = threading.Event()
+
+    def load(self, *, download: bool = False) -> None:
+        if not download:
+            raise ModelNotLocal(f"{self.name} is not cached")
+        if not self.downloaded.wait(10):
+            raise EmbedderError("download timed out")
+
+
+async def test_work_that_needs_vectors_can_wait_for_the_download() -> None:
+    model = Downloadable()
+    embeddings = Embeddings(EmbedderSettings(), candidates=[model])
+    embeddings.start({})
+    assert await embeddings.wait_settled(10)  # the cache miss settles at once: go on lexically
+    assert not embeddings.ready and embeddings.status().state == "loading"
+    model.downloaded.set()
+    assert await embeddings.wait_loaded(10)
+    assert embeddings.status().effective == "fastembed:downloadable"
 
 
 async def test_bm25_backend_uses_no_vectors(tmp_path: Path, project: Path) -> None:

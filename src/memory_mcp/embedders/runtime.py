@@ -216,8 +216,22 @@ class Embeddings:
         return "ready"
 
     async def wait_settled(self, seconds: float) -> bool:
-        """Wait (bounded) until the first load attempt has succeeded or failed."""
+        """Wait (bounded) until the first load attempt has succeeded or failed.
+
+        A model that is not on disk settles at once (callers go on lexically)
+        while it downloads; ``wait_loaded`` waits for the download too.
+        """
         return await anyio.to_thread.run_sync(self._settled.wait, seconds)
+
+    async def wait_loaded(self, seconds: float) -> bool:
+        """Wait (bounded) until loading has finished, downloads included; True if ready.
+
+        For work that is pointless without vectors (re-embedding, benchmarks).
+        """
+        loader = self._loader
+        if loader is not None:
+            await anyio.to_thread.run_sync(loader.join, seconds)
+        return self.ready
 
     # Use -----------------------------------------------------------------------------
 
