@@ -7,7 +7,6 @@ the action taken on ``b`` is counted per label (bench/FORMAT.md).
 
 from __future__ import annotations
 
-import json
 import re
 import tempfile
 from collections import Counter, defaultdict
@@ -16,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from memory_mcp.bench.files import read_jsonl
 from memory_mcp.errors import InvalidInput
 from memory_mcp.service import MemoryService, StoreRequest
 
@@ -98,26 +98,14 @@ def read_pairs(path: Path) -> list[FoldPair]:
     Raises:
         InvalidInput: a line is not a pair (the message names it).
     """
-    pairs: list[FoldPair] = []
-    with path.open(encoding="utf-8") as fh:
-        for number, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                data = json.loads(line)
-                pairs.append(
-                    FoldPair(
-                        str(data["a"]),
-                        str(data["b"]),
-                        str(data["label"]),
-                        str(data.get("source", "")),
-                    )
-                )
-            except (ValueError, KeyError, TypeError) as exc:
-                raise InvalidInput(f"{path}:{number}: not a fold pair ({exc})") from None
+    pairs = list(read_jsonl(path, _pair, "a fold pair"))
     if not pairs:
         raise InvalidInput(f"{path} holds no pairs")
     return pairs
+
+
+def _pair(data: Any) -> FoldPair:
+    return FoldPair(str(data["a"]), str(data["b"]), str(data["label"]), str(data.get("source", "")))
 
 
 async def run_fold_bench(

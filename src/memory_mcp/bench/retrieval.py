@@ -11,7 +11,6 @@ FORMAT.md.
 
 from __future__ import annotations
 
-import gzip
 import json
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -19,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from memory_mcp.bench.files import read_jsonl
 from memory_mcp.bench.metrics import MetricTable, QueryJudgement, aggregate, query_metrics
 from memory_mcp.errors import InvalidInput
 from memory_mcp.records import parse_time
@@ -55,32 +55,20 @@ class RetrievalReport:
         }
 
 
-def open_data(path: Path) -> TextIO:
-    if path.suffix == ".gz":
-        return gzip.open(path, "rt", encoding="utf-8")
-    return path.open(encoding="utf-8")
-
-
 def read_cases(path: Path) -> Iterator[dict[str, Any]]:
     """Cases of a benchmark data file (``.jsonl`` or ``.jsonl.gz``).
 
     Raises:
         InvalidInput: a line is not a case (the message names it).
     """
-    with open_data(path) as fh:
-        for number, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                case = json.loads(line)
-                if not isinstance(case.get("memories"), list) or not isinstance(
-                    case.get("queries"), list
-                ):
-                    raise ValueError("a case needs 'memories' and 'queries' lists")
-                str(case["case"])
-            except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                raise InvalidInput(f"{path}:{number}: not a benchmark case ({exc})") from None
-            yield case
+    return read_jsonl(path, _case, "a benchmark case")
+
+
+def _case(data: Any) -> dict[str, Any]:
+    if not isinstance(data.get("memories"), list) or not isinstance(data.get("queries"), list):
+        raise ValueError("a case needs 'memories' and 'queries' lists")
+    str(data["case"])
+    return dict(data)
 
 
 def case_half(index: int) -> str:
@@ -158,20 +146,14 @@ def read_run(path: Path) -> dict[tuple[str, str], list[str]]:
     Raises:
         InvalidInput: a line is not a run line (the message names it).
     """
-    ranked: dict[tuple[str, str], list[str]] = {}
-    with open_data(path) as fh:
-        for number, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                data = json.loads(line)
-                ids = data["ranked"]
-                if not isinstance(ids, list):
-                    raise TypeError("'ranked' is not a list")
-                ranked[(str(data["case"]), str(data["query"]))] = [str(i) for i in ids]
-            except (ValueError, KeyError, TypeError) as exc:
-                raise InvalidInput(f"{path}:{number}: not a run line ({exc})") from None
-    return ranked
+    return dict(read_jsonl(path, _run_line, "a run line"))
+
+
+def _run_line(data: Any) -> tuple[tuple[str, str], list[str]]:
+    ids = data["ranked"]
+    if not isinstance(ids, list):
+        raise TypeError("'ranked' is not a list")
+    return (str(data["case"]), str(data["query"])), [str(i) for i in ids]
 
 
 def score_run(data: Path, run: Path) -> ScoreReport:
