@@ -172,9 +172,15 @@ def _blob(vector: Vector) -> bytes:
     return np.ascontiguousarray(vector, dtype=np.float32).tobytes()
 
 
-def _rowid_list(seq: int, count: int) -> str:
-    """The vec0 rowids of a record's first ``count`` passages, as a JSON list."""
-    return json.dumps([seq * MAX_PASSAGES + i for i in range(count)])
+def _rowids(seq: int, count: int, *, start: int = 0) -> list[int]:
+    """The vec0 rowids of passages ``start`` .. ``start + count - 1`` of record ``seq``."""
+    first = seq * MAX_PASSAGES + start
+    return list(range(first, first + count))
+
+
+def _owner(rowid: int) -> int:
+    """The ``seq`` of the record that owns a vec0 rowid (the inverse of ``_rowids``)."""
+    return int(rowid) // MAX_PASSAGES
 
 
 @dataclass(frozen=True)
@@ -257,7 +263,7 @@ class _Queries:
             hits = await self._fetch(sql, params)
             best: dict[int, float] = {}
             for rowid, distance in hits:
-                seq = int(rowid) // MAX_PASSAGES
+                seq = _owner(rowid)
                 best[seq] = max(best.get(seq, -1.0), 1.0 - float(distance))
             scored = await self._records_by_seq(best, filters)
             if len(scored) >= k or len(hits) < depth or depth >= _KNN_MAX:
@@ -289,7 +295,7 @@ class _Queries:
         )
         if not slots:
             return {}
-        rowids = [seq * MAX_PASSAGES + i for seq, _, n in slots for i in range(int(n))]
+        rowids = [r for seq, _, n in slots for r in _rowids(int(seq), int(n))]
         # A join on rowid is a point lookup in vec0 (a range or IN list is a full scan).
         rows = await self._fetch(
             f"SELECT j.value, 1.0 - vec_distance_cosine(v.embedding, ?) "
@@ -299,7 +305,7 @@ class _Queries:
         id_of = {int(seq): str(record_id) for seq, record_id, _ in slots}
         scores: dict[str, float] = {}
         for rowid, similarity in rows:
-            record_id = id_of[int(rowid) // MAX_PASSAGES]
+            record_id = id_of[_owner(rowid)]
             scores[record_id] = max(scores.get(record_id, -1.0), float(similarity))
         return scores
 
@@ -359,17 +365,23 @@ class _Transaction(_Queries):
         matrix = np.atleast_2d(vectors)[:MAX_PASSAGES]
         table = await self._store._vector_table(self._conn, embedder, dim=int(matrix.shape[1]))
         assert table is not None
-        first = slot.seq * MAX_PASSAGES
+        await self._write_vectors(table, embedder, slot, 0, [_blob(row) for row in matrix])
+        return True
+
+    async def _write_vectors(
+        self, table: str, embedder: str, slot: _Slot, start: int, blobs: Sequence[bytes]
+    ) -> None:
+        """Write passage vectors ``start``.. of a record; it then owns ``start + len`` rows."""
+        rowids = _rowids(slot.seq, len(blobs), start=start)
         await self._conn.executemany(
             f"INSERT INTO {table} (rowid, scope_key, corpus, kind, embedding) "
             "VALUES (?, ?, ?, ?, ?)",
-            [(first + i, *slot.partition, _blob(row)) for i, row in enumerate(matrix)],
+            [(rowid, *slot.partition, blob) for rowid, blob in zip(rowids, blobs, strict=True)],
         )
         await self._exec(
             "UPDATE records SET embedder = ?, vec_rows = ? WHERE seq = ?",
-            [embedder, len(matrix), slot.seq],
+            [embedder, start + len(blobs), slot.seq],
         )
-        return True
 
     async def carry_vectors(self, from_id: str, to_id: str, embedder: str) -> int:
         """Append ``from_id``'s passage vectors to ``to_id``'s (a fold keeps both findable)."""
@@ -383,18 +395,11 @@ class _Transaction(_Queries):
         rows = await self._fetch(
             f"SELECT v.embedding FROM json_each(?) j JOIN {table} v ON v.rowid = j.value "
             "ORDER BY j.key",
-            [_rowid_list(source.seq, min(source.vec_rows, free))],
+            [json.dumps(_rowids(source.seq, min(source.vec_rows, free)))],
         )
-        start = target.seq * MAX_PASSAGES + target.vec_rows
-        await self._conn.executemany(
-            f"INSERT INTO {table} (rowid, scope_key, corpus, kind, embedding) "
-            "VALUES (?, ?, ?, ?, ?)",
-            [(start + i, *target.partition, row[0]) for i, row in enumerate(rows)],
-        )
-        await self._exec(
-            "UPDATE records SET vec_rows = vec_rows + ? WHERE seq = ?", [len(rows), target.seq]
-        )
-        return len(rows)
+        blobs = [bytes(row[0]) for row in rows]
+        await self._write_vectors(table, embedder, target, target.vec_rows, blobs)
+        return len(blobs)
 
     async def set_vectors(self, items: Sequence[tuple[str, Vector]], embedder: str) -> int:
         """Replace the vectors of records (re-embedding); returns how many were updated."""
@@ -687,9 +692,8 @@ class SqliteStore:
         table = await self._vector_table(conn, embedder)
         if table is None or count <= 0:
             return
-        first = seq * MAX_PASSAGES
         await conn.executemany(
-            f"DELETE FROM {table} WHERE rowid = ?", [(first + i,) for i in range(count)]
+            f"DELETE FROM {table} WHERE rowid = ?", [(r,) for r in _rowids(seq, count)]
         )
 
     async def _sweep_retired(self, conn: aiosqlite.Connection) -> None:
