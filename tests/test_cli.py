@@ -242,3 +242,14 @@ def test_bench_retrieval_writes_a_run_file_in_the_benchmark_format(tmp_path: Pat
 def test_the_shared_benchmark_data_is_beside_the_repository() -> None:
     # CI runs with ../shared beside the clone; the README's benchmark commands use it.
     assert (SHARED / "bench" / "fold-pairs-visible.jsonl").is_file()
+
+
+def test_bench_score_refuses_a_malformed_run_file_with_exit_65(tmp_path: Path) -> None:
+    data = tmp_path / "data.jsonl"
+    data.write_text(json.dumps({"case": "c", "memories": [], "queries": []}) + "\n", "utf-8")
+    bad = tmp_path / "run.jsonl"
+    bad.write_text(json.dumps({"case": "c", "query": "q"}) + "\n", encoding="utf-8")
+    code, _, stderr = run("bench", "score", str(data), str(bad))
+    assert code == 65 and "run.jsonl:1: not a run line" in stderr
+    code, _, stderr = run("bench", "score", str(data), str(tmp_path / "missing.jsonl"))
+    assert code == 66 and "is not a file" in stderr

@@ -86,16 +86,23 @@ def _settings(cwd: Path | None) -> LoadedSettings:
     return load_settings(project_root=project_root(cwd))
 
 
-def _run(work: Callable[[], Awaitable[T]]) -> T:
-    """Run engine work; engine errors become a message on stderr and their exit code."""
+@contextmanager
+def _engine_errors() -> Iterator[None]:
+    """Engine errors become a message on stderr and their exit code."""
     try:
-        return anyio.run(work)
+        yield
     except MemoryMcpError as exc:
         err.print(f"error: {exc}")
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
         err.print("interrupted")
         raise typer.Exit(130) from None
+
+
+def _run(work: Callable[[], Awaitable[T]]) -> T:
+    """Run async engine work under ``_engine_errors``."""
+    with _engine_errors():
+        return anyio.run(work)
 
 
 def _with_memory(
@@ -545,10 +552,8 @@ def bench_score(
             err.print(f"error: {path} is not a file")
             raise typer.Exit(66)
 
-    async def work() -> Any:
-        return score_run(data, run_file)
-
-    report = _run(work)
+    with _engine_errors():
+        report = score_run(data, run_file)
     if as_json:
         _print_json(report.to_json())
         return
