@@ -232,8 +232,8 @@ async def test_returned_hits_count_as_accesses(memory: MemoryService, project: P
     ("kwargs", "message"),
     [
         ({"query": " "}, "query is empty"),
-        ({"query": "x", "limit": 0}, "limit must be from 1 to 50"),
-        ({"query": "x", "limit": 51}, "limit must be from 1 to 50"),
+        ({"query": "x", "limit": 0}, "limit must be a whole number from 1 to 50"),
+        ({"query": "x", "limit": 51}, "limit must be a whole number from 1 to 50"),
         ({"query": "x", "kinds": ["memo"]}, "unknown kind"),
         ({"query": "x", "scope": "session"}, "scope must be"),
     ],

@@ -11,16 +11,21 @@ only one branch is scored by the other too, so fusion sees both numbers. The
 fused relevance goes through the one ranker (``ranker.score``). Filters (scope,
 kind, tags, time) are applied inside both branches, before the limit; hits
 below ``search.min_relevance`` are dropped.
+
+A search over several corpora (``project_search``, ``searchUnifiedMemory``)
+gathers each corpus's ``candidates`` separately - concurrently, with one query
+vector - and fuses them together in one ``fuse``: ``max_bm25`` is then the best
+over every corpus, so every hit's relevance and score is on the same scale.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from memory_mcp import ranker
 from memory_mcp.records import Hit, Record
-from memory_mcp.storage.base import Filters, Scored, Vector
+from memory_mcp.storage.base import Filters, Vector
 from memory_mcp.storage.sqlite import SqliteStore
 
 
@@ -30,6 +35,90 @@ class SearchPlan:
     lexical_weight: float
     min_relevance: float
     ranking: ranker.RankerConfig
+
+
+@dataclass
+class Candidates:
+    """What the branches found for one query: records with their raw scores."""
+
+    records: dict[str, Record] = field(default_factory=dict)
+    bm25: dict[str, float] = field(default_factory=dict)
+    cosine: dict[str, float] = field(default_factory=dict)
+
+    def update(self, other: Candidates) -> None:
+        """Add another branch's candidates (a record found twice keeps its best scores)."""
+        self.records.update(other.records)
+        for mine, theirs in ((self.bm25, other.bm25), (self.cosine, other.cosine)):
+            for rid, value in theirs.items():
+                mine[rid] = max(value, mine.get(rid, value))
+
+
+async def candidates(
+    store: SqliteStore,
+    query: str,
+    query_vector: Vector | None,
+    embedder: str | None,
+    filters: Filters,
+    plan: SearchPlan,
+) -> Candidates:
+    """The best ``plan.candidates`` records of each branch, each scored by both branches."""
+    found = Candidates()
+    for item in await store.lexical(query, filters, plan.candidates):
+        found.records[item.record.id] = item.record
+        found.bm25[item.record.id] = item.score
+    if query_vector is None or embedder is None:
+        return found
+    for item in await store.nearest(query_vector, embedder, filters, plan.candidates):
+        found.records[item.record.id] = item.record
+        found.cosine[item.record.id] = item.score
+    missing = [rid for rid in found.bm25 if rid not in found.cosine]
+    found.cosine.update(await store.dense_scores(query_vector, embedder, missing))
+    return found
+
+
+def fuse(
+    found: Candidates,
+    *,
+    dense: bool,
+    limit: int,
+    now: datetime,
+    plan: SearchPlan,
+    min_relevance: float | None = None,
+) -> list[Hit]:
+    """Fused relevance, ranked by the one ranker: the ``limit`` best hits, best first.
+
+    BM25 is normalised by the best BM25 among all the candidates, so hits from
+    several branches (corpora) are scored on one scale.
+
+    Args:
+        dense: whether the query had a vector (else relevance is lexical only).
+        min_relevance: overrides ``plan.min_relevance`` (0 keeps every candidate,
+            for a full ranking).
+    """
+    min_relevance = plan.min_relevance if min_relevance is None else min_relevance
+    a = plan.lexical_weight if dense else 1.0
+    if dense and not found.bm25:
+        a = 0.0
+    top_bm25 = max(found.bm25.values(), default=0.0)
+    hits: list[Hit] = []
+    for rid, record in found.records.items():
+        lex = found.bm25[rid] / top_bm25 if rid in found.bm25 and top_bm25 > 0 else 0.0
+        cos = max(0.0, found.cosine.get(rid, 0.0))
+        relevance = a * lex + (1 - a) * cos
+        if relevance < min_relevance:
+            continue
+        prior = ranker.prior(record, now, plan.ranking)
+        hits.append(
+            Hit(
+                record=record,
+                score=ranker.score(relevance, prior, plan.ranking),
+                relevance=relevance,
+                lexical=lex if rid in found.bm25 else None,
+                dense=found.cosine.get(rid),
+            )
+        )
+    hits.sort(key=lambda h: (-h.score, h.record.id))
+    return hits[:limit]
 
 
 async def hybrid(
@@ -44,52 +133,7 @@ async def hybrid(
     plan: SearchPlan,
     min_relevance: float | None = None,
 ) -> list[Hit]:
-    """The ``limit`` best records for ``query`` under ``filters``, best first.
-
-    Args:
-        min_relevance: overrides ``plan.min_relevance`` (0 keeps every candidate,
-            for a full ranking).
-    """
-    min_relevance = plan.min_relevance if min_relevance is None else min_relevance
-    lexical = await store.lexical(query, filters, plan.candidates)
-    dense: list[Scored] = []
-    if query_vector is not None and embedder is not None:
-        dense = await store.nearest(query_vector, embedder, filters, plan.candidates)
-
-    records: dict[str, Record] = {}
-    bm25: dict[str, float] = {}
-    cosine: dict[str, float] = {}
-    for item in lexical:
-        records[item.record.id] = item.record
-        bm25[item.record.id] = item.score
-    for item in dense:
-        records[item.record.id] = item.record
-        cosine[item.record.id] = item.score
-    if query_vector is not None and embedder is not None:
-        missing = [rid for rid in bm25 if rid not in cosine]
-        cosine.update(await store.dense_scores(query_vector, embedder, missing))
-
-    use_dense = query_vector is not None and embedder is not None
-    a = plan.lexical_weight if use_dense else 1.0
-    if use_dense and not lexical:
-        a = 0.0
-    top_bm25 = max(bm25.values(), default=0.0)
-    hits: list[Hit] = []
-    for rid, record in records.items():
-        lex = bm25[rid] / top_bm25 if rid in bm25 and top_bm25 > 0 else 0.0
-        cos = max(0.0, cosine.get(rid, 0.0))
-        relevance = a * lex + (1 - a) * cos
-        if relevance < min_relevance:
-            continue
-        prior = ranker.prior(record, now, plan.ranking)
-        hits.append(
-            Hit(
-                record=record,
-                score=ranker.score(relevance, prior, plan.ranking),
-                relevance=relevance,
-                lexical=lex if rid in bm25 else None,
-                dense=cosine.get(rid),
-            )
-        )
-    hits.sort(key=lambda h: (-h.score, h.record.id))
-    return hits[:limit]
+    """The ``limit`` best records for ``query`` under ``filters``, best first."""
+    found = await candidates(store, query, query_vector, embedder, filters, plan)
+    dense = query_vector is not None and embedder is not None
+    return fuse(found, dense=dense, limit=limit, now=now, plan=plan, min_relevance=min_relevance)

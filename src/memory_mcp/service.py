@@ -16,8 +16,9 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
+import anyio
 import numpy as np
 
 from memory_mcp import ranker
@@ -30,6 +31,7 @@ from memory_mcp.records import (
     CORPORA,
     CORPUS_OF_KIND,
     Corpus,
+    Hit,
     Record,
     SearchResult,
     StoreResult,
@@ -38,7 +40,7 @@ from memory_mcp.records import (
     utcnow,
 )
 from memory_mcp.scope import GLOBAL_KEY, Scope, project_scope
-from memory_mcp.search import SearchPlan, hybrid
+from memory_mcp.search import Candidates, SearchPlan, candidates, fuse
 from memory_mcp.storage.base import Filters, StoreStats, Vector
 from memory_mcp.storage.sqlite import SqliteStore
 from memory_mcp.write import Draft, apply, prepare
@@ -48,6 +50,17 @@ log = logging.getLogger(__name__)
 Clock = Callable[[], datetime]
 SearchScope = Literal["project", "global", "all"]
 MAX_SEARCH_LIMIT = 50
+# project_search: every corpus an agent or ingest writes for the project.
+PROJECT_CORPORA: tuple[Corpus, ...] = ("facts", "journal", "docs", "knowledge")
+# searchUnifiedMemory's sources and the corpora each one reads.
+UNIFIED_SOURCES: dict[str, tuple[Corpus, ...]] = {
+    "memory": ("facts", "journal", "docs"),
+    "insights": ("insights",),
+    "knowledge": ("knowledge",),
+}
+SOURCE_OF_CORPUS: dict[str, str] = {c: s for s, cs in UNIFIED_SOURCES.items() for c in cs}
+UNIFIED_MAX_LIMIT = 20
+UNIFIED_CONTENT_CAP = 1200
 _COMMIT_BATCH = 64
 
 
@@ -296,21 +309,43 @@ class MemoryService:
             offset += len(group)
         return out
 
-    async def forget(self, record_id: str, *, reason: str = "forgotten") -> Record:
+    async def forget(
+        self,
+        record_id: str,
+        *,
+        reason: str = "forgotten",
+        cwd: str | Path | None = None,
+        anywhere: bool = True,
+    ) -> Record:
         """Archive a record (reversible until the purge's grace window ends).
 
+        Args:
+            anywhere: False limits it to records of ``cwd``'s project and the global
+                scope (what an agent may touch); the operator's CLI may archive any.
+
         Raises:
-            NotFound: no record has that id.
-            InvalidInput: the record is already archived.
+            NotFound: no record has that id (in reach).
+            InvalidInput: the record is already archived, or no reason is given.
         """
-        record = await self.db.get(record_id)
+        if not isinstance(reason, str) or not reason.strip():
+            raise InvalidInput("reason is empty; say why the memory no longer holds")
+        if not isinstance(record_id, str) or not record_id.strip():
+            raise InvalidInput("id is empty; pass the id of the memory to forget")
+        record = await self.db.get(record_id.strip())
+        if (
+            record is not None
+            and not anywhere
+            and record.scope_key not in self.scope_keys("all", cwd)
+        ):
+            record = None
         if record is None:
-            raise NotFound(f"no record with id {record_id!r}")
+            where = "" if anywhere else " in this project or the global scope"
+            raise NotFound(f"no record with id {record_id!r}{where}")
         if record.archived_at is not None:
             raise InvalidInput(f"record {record_id} is already archived ({record.archived_reason})")
         async with self.db.write() as tx:
-            await tx.archive(record_id, reason.strip() or "forgotten", format_time(self.clock()))
-        archived = await self.db.get(record_id)
+            await tx.archive(record.id, reason.strip(), format_time(self.clock()))
+        archived = await self.db.get(record.id)
         assert archived is not None
         return archived
 
@@ -350,11 +385,8 @@ class MemoryService:
         Raises:
             InvalidInput: a bad argument (the message says what to change).
         """
-        text = query.strip() if isinstance(query, str) else ""
-        if not text:
-            raise InvalidInput("query is empty; pass words to search for")
-        if not 1 <= limit <= max_limit:
-            raise InvalidInput(f"limit must be from 1 to {max_limit}, got {limit}")
+        text = _query_text(query)
+        _check_limit(limit, max_limit)
         for kind in kinds:
             if kind not in CORPUS_OF_KIND:
                 raise InvalidInput(
@@ -373,33 +405,143 @@ class MemoryService:
             since=_time_bound(since, "since"),
             until=_time_bound(until, "until"),
         )
-        warnings: list[str] = []
+        query_vector, identity, warnings = await self._embed_query(text)
+        at = now or self.clock()
+        found = await candidates(self.db, text, query_vector, identity, filters, self._plan)
+        hits = fuse(
+            found,
+            dense=query_vector is not None,
+            limit=limit,
+            now=at,
+            plan=self._plan,
+            min_relevance=min_relevance,
+        )
+        if count_access:
+            await self._count_access(hits, at)
+        return SearchResult(hits=hits, mode=_mode(query_vector), warnings=warnings)
+
+    async def project_search(
+        self, query: str, *, cwd: str | Path | None = None, limit: int = 8
+    ) -> SearchResult:
+        """Search the project's facts, journal, docs and knowledge at once, ranked together.
+
+        Each corpus is searched concurrently with one query vector; the hits are
+        fused and ranked once (``search.fuse``), each labelled by its record's
+        corpus. A corpus that fails adds a warning; the others still answer.
+
+        Raises:
+            InvalidInput: a bad argument (the message says what to change).
+        """
+        text = _query_text(query)
+        _check_limit(limit, MAX_SEARCH_LIMIT)
+        keys = self.scope_keys("all", cwd)
+        branches = [(c, Filters(scope_keys=keys, corpora=(c,))) for c in PROJECT_CORPORA]
+        query_vector, found, warnings = await self._fan_out(text, branches)
+        at = self.clock()
+        hits = fuse(found, dense=query_vector is not None, limit=limit, now=at, plan=self._plan)
+        await self._count_access(hits, at)
+        return SearchResult(hits=hits, mode=_mode(query_vector), warnings=warnings)
+
+    async def unified_search(
+        self,
+        query: str,
+        *,
+        sources: Sequence[str] | None = None,
+        cwd: str | Path | None = None,
+        limit: int = 8,
+        threshold: float = 0.35,
+    ) -> UnifiedResult:
+        """The cross-source contract (SPEC §2, ``searchUnifiedMemory``).
+
+        ``similarity`` is the one ranker's score of the fused relevance (``search``
+        module), computed with one query vector and one BM25 scale over every
+        source, so it compares across sources. Results at or above ``threshold``,
+        sorted by similarity, then type, then id; content capped at
+        ``UNIFIED_CONTENT_CAP`` characters.
+
+        Raises:
+            InvalidInput: a bad argument (the message says what to change).
+        """
+        text = _query_text(query)
+        _check_limit(limit, UNIFIED_MAX_LIMIT)
+        chosen = list(UNIFIED_SOURCES if sources is None else sources)
+        for source in chosen:
+            if source not in UNIFIED_SOURCES:
+                raise InvalidInput(
+                    f"unknown source {source!r}; use any of: {', '.join(UNIFIED_SOURCES)}"
+                )
+        if not chosen:
+            raise InvalidInput(
+                f"sources is empty; leave it out for all, or name some of: "
+                f"{', '.join(UNIFIED_SOURCES)}"
+            )
+        if isinstance(threshold, bool) or not 0 <= threshold <= 1:
+            raise InvalidInput(f"threshold must be a number from 0 to 1, got {threshold!r}")
+        keys = self.scope_keys("all", cwd)
+        branches = [
+            (source, Filters(scope_keys=keys, corpora=UNIFIED_SOURCES[source]))
+            for source in dict.fromkeys(chosen)
+        ]
+        query_vector, found, warnings = await self._fan_out(text, branches)
+        at = self.clock()
+        hits = fuse(
+            found,
+            dense=query_vector is not None,
+            limit=len(found.records),
+            now=at,
+            plan=self._plan,
+            min_relevance=0.0,
+        )
+        items = [_unified_item(h) for h in hits]
+        kept = [i for i in items if i.similarity >= threshold]
+        kept.sort(key=lambda i: (-i.similarity, i.type, i.id))
+        kept = kept[:limit]
+        returned = {i.id for i in kept}
+        await self._count_access([h for h in hits if h.record.id in returned], at)
+        return UnifiedResult(results=kept, warnings=warnings, mode=_mode(query_vector))
+
+    async def _embed_query(self, text: str) -> tuple[Vector | None, str | None, list[str]]:
+        """The query's vector and its embedder, or None and why on the lexical floor."""
         identity = self.embeddings.identity
         vector = None
         if identity is not None:
             matrix = await self.embeddings.embed([text])
             vector = matrix[0] if matrix is not None else None
+        warnings: list[str] = []
         if vector is None:
             status = self.embeddings.status()
-            if status.degraded:
+            if status.degraded or status.state == "loading":
                 warnings.append(f"lexical search only: {status.reason}")
-        hits = await hybrid(
-            self.db,
-            text,
-            vector,
-            identity if vector is not None else None,
-            filters,
-            limit=limit,
-            now=now or self.clock(),
-            plan=self._plan,
-            min_relevance=min_relevance,
-        )
-        if count_access and hits:
-            await self.db.record_access(
-                [h.record.id for h in hits], format_time(now or self.clock())
-            )
-        mode: Literal["hybrid", "lexical"] = "hybrid" if vector is not None else "lexical"
-        return SearchResult(hits=hits, mode=mode, warnings=warnings)
+        return vector, identity if vector is not None else None, warnings
+
+    async def _fan_out(
+        self, text: str, branches: Sequence[tuple[str, Filters]]
+    ) -> tuple[Vector | None, Candidates, list[str]]:
+        """Every branch's candidates, gathered concurrently with one query vector.
+
+        A branch that fails adds a warning naming it; the others still answer.
+        """
+        query_vector, identity, warnings = await self._embed_query(text)
+        found = Candidates()
+        failures: list[str] = []
+
+        async def gather(label: str, filters: Filters) -> None:
+            try:
+                part = await candidates(self.db, text, query_vector, identity, filters, self._plan)
+            except Exception as exc:  # one source failing must not sink the others
+                log.warning("search branch %s failed: %s", label, exc, exc_info=True)
+                failures.append(f"{label}: search failed ({exc}); the other sources answered")
+                return
+            found.update(part)
+
+        async with anyio.create_task_group() as group:
+            for label, filters in branches:
+                group.start_soon(gather, label, filters)
+        return query_vector, found, [*warnings, *sorted(failures)]
+
+    async def _count_access(self, hits: Sequence[Hit], at: datetime) -> None:
+        if hits:
+            await self.db.record_access([h.record.id for h in hits], format_time(at))
 
     async def reembed(
         self,
@@ -476,6 +618,67 @@ class MemoryService:
             stats=stats,
             settings_sources=self.sources,
         )
+
+
+@dataclass
+class UnifiedItem:
+    """One ``searchUnifiedMemory`` result."""
+
+    type: str  # the source: memory, insights or knowledge
+    id: str
+    content: str
+    similarity: float
+    metadata: dict[str, Any]
+
+
+@dataclass
+class UnifiedResult:
+    results: list[UnifiedItem]
+    warnings: list[str]
+    mode: Literal["hybrid", "lexical"]
+
+
+def _unified_item(hit: Hit) -> UnifiedItem:
+    record = hit.record
+    content = record.content
+    if len(content) > UNIFIED_CONTENT_CAP:
+        content = content[: UNIFIED_CONTENT_CAP - 1] + "…"
+    metadata: dict[str, Any] = {
+        "corpus": record.corpus,
+        "kind": record.kind,
+        "scope": record.scope,
+        "agent": record.agent,
+        "created_at": record.created_at,
+        "relevance": round(hit.relevance, 4),
+    }
+    if record.tags:
+        metadata["tags"] = list(record.tags)
+    for key in ("path", "heading", "sources"):
+        if key in record.meta:
+            metadata[key] = record.meta[key]
+    return UnifiedItem(
+        type=SOURCE_OF_CORPUS[record.corpus],
+        id=record.id,
+        content=content,
+        similarity=round(hit.score, 4),
+        metadata=metadata,
+    )
+
+
+def _query_text(query: object) -> str:
+    text = query.strip() if isinstance(query, str) else ""
+    if not text:
+        raise InvalidInput("query is empty; pass words to search for")
+    return text
+
+
+def _check_limit(limit: int, most: int) -> None:
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= most:
+        raise InvalidInput(f"limit must be a whole number from 1 to {most}, got {limit!r}")
+
+
+def _mode(query_vector: Vector | None) -> Literal["hybrid", "lexical"]:
+    return "hybrid" if query_vector is not None else "lexical"
 
 
 def _time_bound(value: datetime | str | None, name: str) -> str | None:
