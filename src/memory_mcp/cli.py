@@ -9,24 +9,28 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import asdict
 from datetime import UTC, datetime
+from enum import StrEnum
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import anyio
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from memory_mcp import __version__
-from memory_mcp.config import LoadedSettings, load_settings
-from memory_mcp.errors import MemoryMcpError
+from memory_mcp.config import LoadedSettings, describe_errors, load_settings
+from memory_mcp.errors import ConfigError, MemoryMcpError
 from memory_mcp.records import STORABLE_KINDS, Corpus, Hit, StoreResult, parse_time
 from memory_mcp.scope import project_root
 from memory_mcp.service import MemoryService, Status
@@ -304,6 +308,59 @@ def _age(stamp: str, now: datetime) -> str:
     return "just now"
 
 
+class TransportChoice(StrEnum):
+    stdio = "stdio"
+    sse = "sse"
+    streamable_http = "streamable-http"
+
+
+@app.command()
+def serve(
+    transport: Annotated[
+        TransportChoice,
+        typer.Option(
+            "--transport",
+            "-t",
+            help="stdio (what agent CLIs spawn), sse or streamable-http.",
+        ),
+    ] = TransportChoice.stdio,
+    host: Annotated[
+        str | None,
+        typer.Option(help="Address for sse / streamable-http (default 127.0.0.1)."),
+    ] = None,
+    port: Annotated[int | None, typer.Option(help="Port for sse / streamable-http (8765).")] = None,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            help="Bearer token HTTP clients must send; required off loopback. "
+            "Prefer MEMORY_MCP_SERVE_TOKEN: a flag shows in the process list.",
+        ),
+    ] = None,
+    cwd: CwdOption = None,
+) -> None:
+    """Run the MCP server (stdio by default) for Claude Code, Codex, Gemini CLI and others."""
+    from memory_mcp.serve import serve as run_server
+
+    loaded = _settings(cwd)
+    given = {"host": host, "port": port, "token": token}
+    changes = {key: value for key, value in given.items() if value is not None}
+    with _engine_errors():
+        try:
+            loaded.settings.serve = loaded.settings.serve.model_validate(
+                {**loaded.settings.serve.model_dump(), **changes}
+            )
+        except ValidationError as exc:
+            raise ConfigError(f"bad serve option: {describe_errors(exc)}") from None
+        announce = partial(err.print, "memory-mcp:")
+        anyio.run(partial(run_server, loaded, transport.value, ready=announce))
+    if transport is TransportChoice.stdio:
+        # A signal leaves the SDK's stdin reader thread blocked in read(); the store is
+        # closed by now, so leave without waiting for it.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
 @app.command()
 def forget(
     record_id: Annotated[str, typer.Argument(help="The id of the record to archive.")],
@@ -417,6 +474,42 @@ def import_cmd(
         f"{summary.conflicts_added} conflicts; embedded {summary.embedded}, "
         f"{summary.awaiting_embedding} awaiting an embedder"
     )
+
+
+@app.command()
+def ingest(
+    paths: Annotated[
+        list[Path] | None,
+        typer.Argument(
+            help="Files or directories in the project (default: README*, docs/**/*.md, "
+            "CLAUDE.md, AGENTS.md, GEMINI.md)."
+        ),
+    ] = None,
+    cwd: CwdOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Index the project's own documents into the knowledge corpus (only what changed)."""
+    from memory_mcp.ingest import ingest as run_ingest
+
+    root = project_root(cwd)
+    given = [p if p.is_absolute() else Path.cwd() / p for p in paths or []]
+
+    async def use(memory: MemoryService) -> Any:
+        with _progress("files", None) as report:
+            return await run_ingest(memory, root, given, progress=report)
+
+    summary = _with_memory(cwd, use)
+    if as_json:
+        _print_json(asdict(summary))
+        return
+    out.print(
+        f"{summary.files} files in {root}: {summary.changed} re-chunked, "
+        f"{summary.unchanged} unchanged, {summary.removed} removed; "
+        f"{summary.chunks_added} chunks added, {summary.chunks_archived} archived"
+        + ("" if summary.embedded or not summary.chunks_added else " (lexical only for now)")
+    )
+    for line in summary.skipped:
+        err.print(f"skipped {line}")
 
 
 @app.command()

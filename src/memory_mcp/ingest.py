@@ -1,0 +1,585 @@
+"""Index the project's own documents into the ``knowledge`` corpus.
+
+``ingest`` finds the project's documents (``README*``, ``docs/**/*.md`` and the
+agents' instruction files, or the files and directories given), cuts each into
+heading-aware chunks and stores them as ``chunk`` records of the project scope:
+
+    async with MemoryService.open(settings) as memory:
+        summary = await ingest(memory, project_root(cwd))
+
+Only what changed is re-chunked. Every chunk carries the sha256 of its file in
+``meta["file_hash"]``; a file whose hash matches its chunks is not touched. A
+changed file is one write transaction: its old chunks are archived and the new
+ones inserted together, so an interrupted run never leaves a file half-indexed
+and the next run simply continues. Chunks go through ``write.prepare`` like any
+write (cleaned, secrets redacted) but not through the fold decision: a chunk is
+a copy of its file, replaced when the file changes.
+
+Chunking: Markdown splits at ATX headings (``#`` to ``######``, never inside a
+fenced code block); a section longer than ``CHUNK_CHARS`` is split at blank
+lines (a fenced block stays whole when it fits), and a paragraph still too long
+at line ends, then at spaces. Other text files split into paragraphs the same way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import anyio
+
+from memory_mcp.errors import InvalidInput, NotFound
+from memory_mcp.records import Record, format_time
+from memory_mcp.scope import Scope
+from memory_mcp.secret_scan import redact
+from memory_mcp.service import MemoryService
+from memory_mcp.storage.base import Filters, Vector
+from memory_mcp.write import Draft, clean_text, prepare
+
+DEFAULT_PATTERNS: tuple[str, ...] = (
+    "README*",
+    "docs/**/*.md",
+    "CLAUDE.md",
+    "AGENTS.md",
+    "GEMINI.md",
+)
+CHUNK_CHARS = 1_500
+MAX_FILE_BYTES = 2 * 1024 * 1024
+TEXT_SUFFIXES: frozenset[str] = frozenset({".md", ".markdown", ".rst", ".txt"})
+MARKDOWN_SUFFIXES: frozenset[str] = frozenset({".md", ".markdown"})
+SKIP_DIRS: frozenset[str] = frozenset({"node_modules", "__pycache__"})
+CHANGED_REASON = "re-chunked: file changed"
+REMOVED_REASON = "source file removed"
+_PAGE = 1_000
+_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})(.*)$")
+_ATX = re.compile(r"^ {0,3}(#{1,6})(?:[ \t]+(.*?))?(?:[ \t]+#+)?[ \t]*$")
+
+
+@dataclass
+class IngestSummary:
+    """What an ``ingest`` run did.
+
+    ``embedded`` is True when at least one chunk was added and every chunk
+    added got vectors (False on the lexical floor: ``reembed`` adds them later).
+    """
+
+    files: int = 0
+    changed: int = 0
+    unchanged: int = 0
+    removed: int = 0
+    chunks_added: int = 0
+    chunks_archived: int = 0
+    embedded: bool = False
+    skipped: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One piece of a document: its heading trail and its text."""
+
+    heading: str
+    text: str
+
+
+# Chunking ----------------------------------------------------------------------------
+
+
+def chunk_markdown(text: str, size: int = CHUNK_CHARS) -> list[Chunk]:
+    """Cut Markdown into sections at ATX headings, then into pieces of at most ``size``.
+
+    Each section keeps its heading line; its heading trail is the titles of the
+    enclosing headings joined by `` > `` ("" before the first heading). Lines
+    inside fenced code blocks are never headings. A section with nothing but
+    its heading is dropped. A section longer than ``size`` is split at blank
+    lines, each piece starting with the section's heading line again.
+
+    Args:
+        text: the document.
+        size: the most characters a chunk may hold.
+    """
+    chunks: list[Chunk] = []
+    for trail, heading_line, lines in _sections(_lines(text)):
+        body = lines[1:] if heading_line else lines
+        if not any(line.strip() for line in body):
+            continue
+        whole = "\n".join(lines).strip()
+        if len(whole) <= size:
+            chunks.append(Chunk(trail, whole))
+            continue
+        prefix = heading_line.strip() if len(heading_line.strip()) <= size // 4 else ""
+        budget = size - len(prefix) - 2 if prefix else size
+        for piece in _pack(_blocks(body, fences=True), budget):
+            chunks.append(Chunk(trail, f"{prefix}\n\n{piece}" if prefix else piece))
+    return chunks
+
+
+def chunk_text(text: str, size: int = CHUNK_CHARS) -> list[Chunk]:
+    """Cut plain text into paragraphs packed into pieces of at most ``size`` characters.
+
+    Args:
+        text: the document.
+        size: the most characters a chunk may hold.
+    """
+    return [Chunk("", piece) for piece in _pack(_blocks(_lines(text), fences=False), size)]
+
+
+def _lines(text: str) -> list[str]:
+    return text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+
+
+def _fence_open(line: str) -> tuple[str, int] | None:
+    """The fence character and length when ``line`` opens a fenced code block."""
+    match = _FENCE.match(line)
+    if match is None:
+        return None
+    marker, info = match.group(1), match.group(2)
+    if marker[0] == "`" and "`" in info:
+        return None  # inline code spans, not a fence
+    return marker[0], len(marker)
+
+
+def _fence_closes(line: str, fence: tuple[str, int]) -> bool:
+    match = _FENCE.match(line)
+    if match is None:
+        return False
+    marker, rest = match.group(1), match.group(2)
+    return marker[0] == fence[0] and len(marker) >= fence[1] and not rest.strip()
+
+
+def _sections(lines: list[str]) -> list[tuple[str, str, list[str]]]:
+    """(heading trail, heading line or "", lines including the heading line) per section."""
+    sections: list[tuple[str, str, list[str]]] = []
+    stack: list[tuple[int, str]] = []
+    trail, heading_line = "", ""
+    current: list[str] = []
+    fence: tuple[str, int] | None = None
+    for line in lines:
+        if fence is not None:
+            if _fence_closes(line, fence):
+                fence = None
+        elif (opened := _fence_open(line)) is not None:
+            fence = opened
+        elif (heading := _ATX.match(line)) is not None:
+            sections.append((trail, heading_line, current))
+            level, title = len(heading.group(1)), (heading.group(2) or "").strip()
+            while stack and stack[-1][0] >= level:
+                stack.pop()
+            stack.append((level, title))
+            trail = " > ".join(t for _, t in stack if t)
+            heading_line, current = line, [line]
+            continue
+        current.append(line)
+    sections.append((trail, heading_line, current))
+    return sections
+
+
+def _blocks(lines: list[str], *, fences: bool) -> list[str]:
+    """Paragraphs: runs of lines between blank lines (blank lines inside a fence do not count)."""
+    blocks: list[str] = []
+    current: list[str] = []
+    fence: tuple[str, int] | None = None
+    for line in lines:
+        if fence is not None:
+            current.append(line)
+            if _fence_closes(line, fence):
+                fence = None
+            continue
+        if fences and (opened := _fence_open(line)) is not None:
+            fence = opened
+        if not line.strip() and fence is None:
+            if current:
+                blocks.append("\n".join(current).strip("\n"))
+            current = []
+            continue
+        current.append(line)
+    if current:
+        blocks.append("\n".join(current).strip("\n"))
+    return [b for b in blocks if b.strip()]
+
+
+def _pack(blocks: list[str], size: int) -> list[str]:
+    """Join blocks with blank lines into pieces of at most ``size``; hard-split longer blocks."""
+    parts = [p for b in blocks for p in ([b] if len(b) <= size else _hard_split(b, size))]
+    return [p.strip() for p in _greedy(parts, size, "\n\n") if p.strip()]
+
+
+def _hard_split(block: str, size: int) -> list[str]:
+    """Split a block at line ends, and a line longer than ``size`` at spaces (else anywhere)."""
+    segments = [s for line in block.split("\n") for s in _split_line(line, size)]
+    return _greedy(segments, size, "\n")
+
+
+def _greedy(parts: list[str], size: int, separator: str) -> list[str]:
+    """Join consecutive parts with ``separator`` while the joined piece fits in ``size``."""
+    pieces: list[str] = []
+    current = ""
+    for part in parts:
+        joined = f"{current}{separator}{part}" if current else part
+        if len(joined) <= size:
+            current = joined
+            continue
+        if current:
+            pieces.append(current)
+        current = part
+    if current:
+        pieces.append(current)
+    return pieces
+
+
+def _split_line(line: str, size: int) -> list[str]:
+    segments: list[str] = []
+    while len(line) > size:
+        cut = line.rfind(" ", 0, size + 1)
+        if cut <= size // 2:
+            cut = size
+        segments.append(line[:cut].rstrip())
+        line = line[cut:].lstrip()
+    segments.append(line)
+    return segments
+
+
+# Finding files -----------------------------------------------------------------------
+
+
+@dataclass
+class _Found:
+    """The files to ingest (relative POSIX path -> real path) and what discovery skipped."""
+
+    root: Path  # the real project root
+    files: dict[str, Path] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)
+    directories: list[str] = field(default_factory=list)  # explicit ones, relative ("" = root)
+
+
+def _hidden(name: str) -> bool:
+    return name.startswith(".") or name in SKIP_DIRS
+
+
+def _inside(path: Path, root: Path) -> bool:
+    return path == root or path.is_relative_to(root)
+
+
+def _display(path: Path, root: Path) -> str:
+    try:
+        return path.relative_to(root).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def _discover(project: Path, paths: Sequence[Path]) -> _Found:
+    """Resolve what to ingest under the project root.
+
+    Raises:
+        InvalidInput: ``project`` is not a directory, or an explicit path resolves
+            outside it or is neither a file nor a directory.
+        NotFound: an explicit path does not exist.
+    """
+    root = Path(os.path.realpath(project))
+    if not root.is_dir():
+        raise InvalidInput(f"project root {str(project)!r} is not a directory")
+    found = _Found(root)
+    targets: list[tuple[Path, Path]] = []
+    for given in paths:
+        candidate = given if given.is_absolute() else root / given
+        real = Path(os.path.realpath(candidate))
+        if not _inside(real, root):
+            raise InvalidInput(
+                f"{str(given)!r} resolves to {str(real)!r}, outside the project root "
+                f"{str(root)!r}; ingest only reads the project's own files"
+            )
+        if not real.exists():
+            raise NotFound(f"{str(given)!r} does not exist (under {str(root)!r})")
+        if not (real.is_dir() or real.is_file()):
+            raise InvalidInput(f"{str(given)!r} is neither a file nor a directory")
+        targets.append((candidate, real))
+
+    if not paths:
+        for pattern in DEFAULT_PATTERNS:
+            for match in sorted(root.glob(pattern)):
+                relative = match.relative_to(root)
+                if any(_hidden(part) for part in relative.parts[:-1]) or not match.is_file():
+                    continue
+                _add(found, match, root)
+        return found
+
+    for candidate, real in targets:
+        if real.is_file():
+            _add(found, candidate, root)
+            continue
+        found.directories.append("" if real == root else real.relative_to(root).as_posix())
+        for directory, subdirs, names in os.walk(real):
+            subdirs[:] = sorted(d for d in subdirs if not _hidden(d))
+            for name in sorted(names):
+                if not name.startswith(".") and Path(name).suffix.lower() in TEXT_SUFFIXES:
+                    _add(found, Path(directory) / name, root)
+    return found
+
+
+def _add(found: _Found, path: Path, root: Path) -> None:
+    """Add one discovered file, keyed by its real path relative to ``root``."""
+    real = Path(os.path.realpath(path))
+    if not _inside(real, root):
+        found.skipped.append(f"{_display(path, root)}: resolves outside the project root")
+    elif real.is_file():
+        found.files.setdefault(real.relative_to(root).as_posix(), real)
+
+
+def _read(path: Path) -> bytes | str:
+    """The file's bytes, or why it is skipped."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES:
+            return f"larger than 2 MB ({size:,} bytes)"
+        data = path.read_bytes()
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    if len(data) > MAX_FILE_BYTES:
+        return f"larger than 2 MB ({len(data):,} bytes)"
+    return data
+
+
+# Stored chunks -----------------------------------------------------------------------
+
+
+class _Reader(Protocol):
+    async def current(self, filters: Filters, limit: int) -> list[Record]: ...
+
+
+async def _stored_chunks(reader: _Reader, scope_key: str) -> dict[str, list[Record]]:
+    """The current knowledge chunks of a scope, grouped by their file's path."""
+    filters = Filters(scope_keys=(scope_key,), corpora=("knowledge",), kinds=("chunk",))
+    limit = _PAGE
+    records = await reader.current(filters, limit)
+    while len(records) >= limit:
+        limit *= 4
+        records = await reader.current(filters, limit)
+    grouped: dict[str, list[Record]] = {}
+    for record in records:
+        path = record.meta.get("path")
+        if isinstance(path, str):
+            grouped.setdefault(path, []).append(record)
+    return grouped
+
+
+def _same_file(chunks: Sequence[Record], digest: str) -> bool:
+    return bool(chunks) and all(r.meta.get("file_hash") == digest for r in chunks)
+
+
+# Ingest ------------------------------------------------------------------------------
+
+
+async def ingest(
+    memory: MemoryService,
+    root: Path,
+    paths: Sequence[Path] = (),
+    *,
+    agent: str = "cli",
+    progress: Callable[[int, int], None] | None = None,
+) -> IngestSummary:
+    """Index the project's documents as ``chunk`` records of the project scope.
+
+    With no ``paths``, the files matching ``DEFAULT_PATTERNS`` under ``root`` are
+    ingested, and chunks of files that are gone or no longer match are archived.
+    An explicit directory means every ``*.md``, ``*.markdown``, ``*.rst`` and
+    ``*.txt`` under it (hidden directories and ``node_modules`` skipped); then
+    only chunks of files under the given directories that no longer exist are
+    archived. Each file commits on its own: archiving its old chunks and
+    inserting its new ones is one transaction.
+
+    Args:
+        memory: the open service.
+        root: the project root, already resolved; its path is the scope key.
+        paths: files or directories, absolute or relative to ``root``.
+        agent: recorded as the chunks' author.
+        progress: called after each file with (files done, files in all).
+
+    Raises:
+        InvalidInput: a path resolves (symlinks included) outside ``root``, or
+            ``root`` is not a directory; nothing was written.
+        NotFound: an explicit path does not exist; nothing was written.
+    """
+    scope = Scope.project(root)
+    found = await anyio.to_thread.run_sync(_discover, root, tuple(paths))
+    stored = await _stored_chunks(memory.db, scope.key)
+    size = min(CHUNK_CHARS, max(100, memory.settings.write.max_chars // 2))
+    summary = IngestSummary(files=len(found.files), skipped=list(found.skipped))
+    all_embedded = True
+    for done, (rel, real) in enumerate(found.files.items(), start=1):
+        outcome = await _ingest_file(memory, scope, rel, real, stored.get(rel, []), size, agent)
+        summary.chunks_archived += outcome.archived
+        summary.chunks_added += outcome.added
+        if outcome.skipped is not None:
+            summary.skipped.append(f"{rel}: {outcome.skipped}")
+            summary.removed += outcome.archived > 0
+        elif outcome.written:
+            summary.changed += 1
+            all_embedded = all_embedded and outcome.embedded
+        else:
+            summary.unchanged += 1
+        if progress is not None:
+            progress(done, summary.files)
+
+    gone = await anyio.to_thread.run_sync(_gone, found, list(stored), bool(paths))
+    if gone:
+        removed_files, archived = await _archive_paths(memory, scope.key, gone, REMOVED_REASON)
+        summary.removed += removed_files
+        summary.chunks_archived += archived
+    summary.embedded = summary.chunks_added > 0 and all_embedded
+    return summary
+
+
+def _gone(found: _Found, stored: Sequence[str], explicit: bool) -> list[str]:
+    """Stored paths whose chunks are archived as removed.
+
+    With the default patterns, every stored path not found now; with explicit
+    paths, those under the given directories whose file no longer exists.
+    """
+    return [
+        rel
+        for rel in stored
+        if rel not in found.files
+        and (
+            not explicit
+            or (
+                any(not d or rel.startswith(f"{d}/") for d in found.directories)
+                and not (found.root / rel).is_file()
+            )
+        )
+    ]
+
+
+@dataclass
+class _Outcome:
+    written: bool = False
+    added: int = 0
+    archived: int = 0
+    embedded: bool = False
+    skipped: str | None = None
+
+
+async def _ingest_file(
+    memory: MemoryService,
+    scope: Scope,
+    rel: str,
+    path: Path,
+    old: Sequence[Record],
+    size: int,
+    agent: str,
+) -> _Outcome:
+    """Re-chunk one file if its content changed; one transaction for all its writes."""
+    data = await anyio.to_thread.run_sync(_read, path)
+    if isinstance(data, str):
+        return await _skip(memory, scope, rel, old, data)
+    digest = hashlib.sha256(data).hexdigest()
+    if _same_file(old, digest):
+        return _Outcome()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return await _skip(memory, scope, rel, old, "not UTF-8 text")
+    if "\x00" in text:
+        return await _skip(memory, scope, rel, old, "not UTF-8 text (binary: NUL bytes)")
+    is_markdown = path.suffix.lower() in MARKDOWN_SUFFIXES
+    chunks = chunk_markdown(text, size) if is_markdown else chunk_text(text, size)
+    try:
+        drafts = _drafts(memory, scope, rel, digest, chunks, agent)
+    except InvalidInput as exc:
+        return await _skip(memory, scope, rel, old, str(exc))
+    if not old and not drafts:
+        return _Outcome()  # nothing indexable, nothing indexed before
+
+    vectors = await memory._embed_records([d.record.content for d in drafts])
+    identity = memory.embeddings.identity if vectors is not None else None
+    stamp = format_time(memory.clock())
+    outcome = _Outcome(written=True, embedded=vectors is not None or not drafts)
+    async with memory.db.write() as tx:
+        # Read again under the write lock: another process may have ingested meanwhile.
+        live = (await _stored_chunks(tx, scope.key)).get(rel, [])
+        if _same_file(live, digest):
+            return _Outcome()
+        for record in live:
+            outcome.archived += await tx.archive(record.id, CHANGED_REASON, stamp)
+        for index, draft in enumerate(drafts):
+            vector: Vector | None = vectors[index] if vectors is not None else None
+            if vector is not None and identity is not None:
+                draft.record.embedder = identity
+            await tx.insert(draft.record, vector)
+            outcome.added += 1
+    return outcome
+
+
+def _drafts(
+    memory: MemoryService,
+    scope: Scope,
+    rel: str,
+    digest: str,
+    chunks: Sequence[Chunk],
+    agent: str,
+) -> list[Draft]:
+    """Prepared chunk records (cleaned, secrets handled) with their ``meta``.
+
+    Raises:
+        InvalidInput: a chunk is unusable, or holds a secret under ``write.secrets = reject``.
+    """
+    settings = memory.settings.write
+    now = memory.clock()
+    drafts: list[Draft] = []
+    for chunk in chunks:
+        if not clean_text(chunk.text):
+            continue
+        draft = prepare(
+            chunk.text,
+            kind="chunk",
+            kinds=("chunk",),
+            scope=scope,
+            importance=None,
+            tags=(),
+            agent=agent,
+            at=now,
+            settings=settings,
+        )
+        heading = clean_text(chunk.heading).replace("\n", " ")
+        if settings.secrets != "off":
+            heading = redact(heading).text
+        draft.record.meta = {
+            "path": rel,
+            "heading": heading,
+            "file_hash": digest,
+            "chunk": len(drafts),
+        }
+        drafts.append(draft)
+    return drafts
+
+
+async def _skip(
+    memory: MemoryService, scope: Scope, rel: str, old: Sequence[Record], reason: str
+) -> _Outcome:
+    """A file that cannot be indexed any more: its old chunks, if any, are archived."""
+    archived = 0
+    if old:
+        _, archived = await _archive_paths(
+            memory, scope.key, [rel], f"source file skipped: {reason}"
+        )
+    return _Outcome(archived=archived, skipped=reason)
+
+
+async def _archive_paths(
+    memory: MemoryService, scope_key: str, paths: Sequence[str], reason: str
+) -> tuple[int, int]:
+    """Archive the current chunks of ``paths``: (files that had chunks, chunks archived)."""
+    stamp = format_time(memory.clock())
+    files = archived = 0
+    async with memory.db.write() as tx:
+        live = await _stored_chunks(tx, scope_key)
+        for path in paths:
+            count = 0
+            for record in live.get(path, []):
+                count += await tx.archive(record.id, reason, stamp)
+            files += count > 0
+            archived += count
+    return files, archived
