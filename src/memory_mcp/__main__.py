@@ -1,5 +1,5 @@
 """``python -m memory_mcp``: the same as the ``memory-mcp`` command."""
 
-from memory_mcp.cli import main
+from memory_mcp.front import main
 
 main()

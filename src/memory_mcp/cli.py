@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -339,8 +338,12 @@ def serve(
     cwd: CwdOption = None,
 ) -> None:
     """Run the MCP server (stdio by default) for Claude Code, Codex, Gemini CLI and others."""
+    from memory_mcp import front
+    from memory_mcp.serve import Transport
     from memory_mcp.serve import serve as run_server
 
+    if transport is TransportChoice.stdio:
+        front.run(str(cwd) if cwd else None)
     loaded = _settings(cwd)
     given = {"host": host, "port": port, "token": token}
     changes = {key: value for key, value in given.items() if value is not None}
@@ -352,13 +355,8 @@ def serve(
         except ValidationError as exc:
             raise ConfigError(f"bad serve option: {describe_errors(exc)}") from None
         announce = partial(err.print, "memory-mcp:")
-        anyio.run(partial(run_server, loaded, transport.value, ready=announce))
-    if transport is TransportChoice.stdio:
-        # A signal leaves the SDK's stdin reader thread blocked in read(); the store is
-        # closed by now, so leave without waiting for it.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+        http: Transport = "sse" if transport is TransportChoice.sse else "streamable-http"
+        anyio.run(partial(run_server, loaded, http, ready=announce))
 
 
 @app.command()

@@ -192,6 +192,29 @@ class StorageSettings(_Section):
     )
 
 
+class ServeSettings(_Section):
+    host: str = Field(
+        "127.0.0.1",
+        description="Address the HTTP transports bind. Anything but loopback needs a token.",
+    )
+    port: int = Field(8765, ge=1, le=65535, description="Port of the HTTP transports.")
+    token: str = Field(
+        "",
+        description=(
+            "Bearer token every HTTP request must carry (Authorization: Bearer ...). Required "
+            "to bind a non-loopback host; prefer the environment variable MEMORY_MCP_SERVE_TOKEN."
+        ),
+    )
+    allowed_hosts: str = Field(
+        "",
+        description=(
+            "Comma-separated extra Host header values the HTTP transports accept (DNS-rebinding "
+            "protection), e.g. memory.internal:8765. Loopback names, the bound address and this "
+            "machine's name are always accepted."
+        ),
+    )
+
+
 class Settings(_Section):
     data_dir: str = Field(
         "",
@@ -206,6 +229,7 @@ class Settings(_Section):
     search: SearchSettings = Field(default_factory=SearchSettings)  # type: ignore[arg-type]
     ranking: RankingSettings = Field(default_factory=RankingSettings)  # type: ignore[arg-type]
     storage: StorageSettings = Field(default_factory=StorageSettings)  # type: ignore[arg-type]
+    serve: ServeSettings = Field(default_factory=ServeSettings)  # type: ignore[arg-type]
 
     def database_path(self) -> Path:
         """Where the SQLite database lives."""
@@ -362,9 +386,14 @@ def _merge(into: dict[str, Any], layer: Mapping[str, Any]) -> None:
             into[key] = value
 
 
-def _describe(exc: ValidationError, sources: list[str]) -> str:
+def describe_errors(exc: ValidationError) -> str:
+    """A validation error as ``where: what`` phrases joined by semicolons."""
     problems = []
     for err in exc.errors():
         where = ".".join(str(p) for p in err["loc"])
         problems.append(f"{where}: {err['msg']}")
-    return "invalid settings (" + ", ".join(sources) + "): " + "; ".join(problems)
+    return "; ".join(problems)
+
+
+def _describe(exc: ValidationError, sources: list[str]) -> str:
+    return "invalid settings (" + ", ".join(sources) + "): " + describe_errors(exc)

@@ -1,0 +1,227 @@
+"""``memory-mcp serve``: the MCP server over stdio, SSE or streamable HTTP.
+
+One process opens the store and starts loading the embedding model in the
+background, then answers at once: ``initialize`` and ``tools/list`` never wait
+for the model (searches meanwhile run on the lexical floor and say so).
+
+stdio is what the agent CLIs spawn; it always runs behind ``front.py``, which
+answers the handshake at once and turns SIGINT / SIGTERM into the end of
+stdin, so the session ends as if the client had closed it: the current write
+transaction finishes, the store closes, the process exits 0. Logs go to
+stderr; stdout is the protocol. (Cancelling the SDK's stdio instead would wait
+forever on its blocked stdin read.)
+
+The HTTP transports bind 127.0.0.1 by default. Binding any other address needs
+a bearer token (``serve.token`` / ``MEMORY_MCP_SERVE_TOKEN``); with a token set,
+every request without ``Authorization: Bearer <token>`` gets 401. The SDK's
+DNS-rebinding protection (Host and Origin checks) is on for every address.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import ipaddress
+import json
+import logging
+import socket
+import sys
+from collections.abc import Awaitable, Callable, MutableMapping
+from functools import partial
+from typing import TYPE_CHECKING, Any, Literal
+
+import anyio
+from mcp.server.transport_security import TransportSecuritySettings
+
+from memory_mcp.config import LoadedSettings, ServeSettings, load_settings
+from memory_mcp.errors import ConfigError, MemoryMcpError
+from memory_mcp.scope import project_root
+from memory_mcp.server import build_server
+from memory_mcp.service import MemoryService
+
+if TYPE_CHECKING:
+    from memory_mcp.front import Front
+
+log = logging.getLogger(__name__)
+
+Transport = Literal["stdio", "sse", "streamable-http"]
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+PATHS = {"sse": "/sse", "streamable-http": "/mcp"}
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names this machine only (127.0.0.0/8, ::1, localhost)."""
+    if host.casefold() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(settings: ServeSettings) -> None:
+    """Refuse to serve HTTP on a non-loopback address without a token.
+
+    Raises:
+        ConfigError: the host is reachable from other machines and no token is set.
+    """
+    if is_loopback(settings.host):
+        return
+    if not settings.token:
+        raise ConfigError(
+            f"refusing to serve on {settings.host}, which other machines can reach, without a "
+            "token: set MEMORY_MCP_SERVE_TOKEN (or pass --token), or bind 127.0.0.1"
+        )
+    if len(settings.token) < 16:
+        raise ConfigError("the serve token is shorter than 16 characters; use a long random one")
+
+
+def transport_security(settings: ServeSettings) -> TransportSecuritySettings:
+    """DNS-rebinding protection for the bound address (on for every address)."""
+    names = {"127.0.0.1", "localhost", "[::1]"}
+    if not is_loopback(settings.host) and settings.host not in ("0.0.0.0", "::"):
+        names.add(settings.host if ":" not in settings.host else f"[{settings.host}]")
+    if not is_loopback(settings.host):
+        names.add(socket.gethostname())
+        names.add(socket.getfqdn())
+        if settings.host in ("0.0.0.0", "::"):
+            names.update(_local_addresses())
+    hosts = sorted(f"{name}:*" for name in names)
+    hosts += [h.strip() for h in settings.allowed_hosts.split(",") if h.strip()]
+    origins = [f"{scheme}://{h}" for h in hosts for scheme in ("http", "https")]
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins
+    )
+
+
+def _local_addresses() -> set[str]:
+    found: set[str] = set()
+    try:
+        infos = socket.getaddrinfo(socket.gethostname(), None)
+    except OSError:
+        return found
+    for info in infos:
+        address = str(info[4][0])
+        found.add(f"[{address}]" if ":" in address else address)
+    return found
+
+
+class BearerAuth:
+    """ASGI middleware: HTTP requests must carry ``Authorization: Bearer <token>``."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app = app
+        self._expected = f"Bearer {token}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            given = b""
+            for name, value in scope.get("headers", []):
+                if name.lower() == b"authorization":
+                    given = value
+            if not hmac.compare_digest(given, self._expected):
+                body = json.dumps({"error": "a valid bearer token is required"}).encode()
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 401,
+                        "headers": [
+                            (b"content-type", b"application/json"),
+                            (b"www-authenticate", b'Bearer realm="memory-mcp"'),
+                            (b"content-length", str(len(body)).encode()),
+                        ],
+                    }
+                )
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)
+
+
+async def serve(
+    loaded: LoadedSettings,
+    transport: Transport = "stdio",
+    *,
+    ready: Callable[[str], None] | None = None,
+) -> None:
+    """Run the server until its transport ends or a signal asks it to stop.
+
+    Args:
+        loaded: the settings (``serve`` says where the HTTP transports bind).
+        transport: stdio, sse or streamable-http.
+        ready: called with a line saying where it serves, once it does.
+
+    Raises:
+        ConfigError: an unsafe or impossible serve configuration.
+    """
+    settings = loaded.settings.serve
+    if transport != "stdio":
+        check_exposure(settings)
+    async with MemoryService.open(loaded) as memory:
+        server = build_server(memory)
+        if transport == "stdio":
+            log.info("serving MCP over stdio (%s)", memory.db.path)
+            await server.run_stdio_async()
+            return
+        await _serve_http(server, transport, settings, memory, ready)
+
+
+def serve_behind_front(cwd: str | None, front: Front) -> int:
+    """The real stdio server, in the front's thread (``front.py``); returns the exit code."""
+    from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+
+    front.versions = list(HANDSHAKE_PROTOCOL_VERSIONS)
+    logging.basicConfig(
+        level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        loaded = load_settings(project_root=project_root(cwd))
+        anyio.run(partial(serve, loaded, "stdio"))
+    except MemoryMcpError as exc:
+        print(f"memory-mcp: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except Exception:
+        log.exception("the server failed")
+        return 1
+    return 0
+
+
+async def _serve_http(
+    server: Any,
+    transport: Transport,
+    settings: ServeSettings,
+    memory: MemoryService,
+    ready: Callable[[str], None] | None,
+) -> None:
+    import uvicorn
+
+    security = transport_security(settings)
+    if transport == "sse":
+        app = server.sse_app(transport_security=security, host=settings.host)
+    else:
+        app = server.streamable_http_app(transport_security=security, host=settings.host)
+    asgi: ASGIApp = BearerAuth(app, settings.token) if settings.token else app
+    config = uvicorn.Config(
+        asgi,
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
+        lifespan="on",
+        timeout_graceful_shutdown=5,
+    )
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    url = f"http://{host}:{settings.port}{PATHS[transport]}"
+
+    class Http(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started and ready is not None:
+                ready(f"serving MCP over {transport} at {url} ({memory.db.path})")
+
+    http = Http(config)
+    with contextlib.suppress(SystemExit):  # uvicorn exits when it cannot bind
+        await http.serve()
+    if not http.started:
+        raise ConfigError(f"could not serve at {url} (is the port in use? see the log above)")

@@ -1,0 +1,399 @@
+"""The MCP server: five tools over the engine, for every agent CLI.
+
+``build_server(memory)`` makes an ``MCPServer`` whose tools each validate their
+arguments, call one ``MemoryService`` method and return a pydantic model
+(structured output). The service is opened once per process by the caller
+(``memory-mcp serve``), so every connection - one stdio client, or many over
+HTTP - shares one store and one loaded model.
+
+Which project a call is about: the tool's ``cwd`` argument, else the client's
+first root (``roots/list``, asked only when the client declares roots), else the
+server process's working directory. Nothing here assumes one project per process.
+
+Who wrote a memory comes from the client's ``clientInfo.name`` (``agent_name``).
+
+Every engine error (``MemoryMcpError``) becomes a tool error with the engine's
+message, which says what to change; the server stays up and, since each write
+is one transaction, nothing is half-written.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Annotated, Any, Literal, TypeVar
+from urllib.parse import unquote, urlparse
+from urllib.request import url2pathname
+
+from mcp.server import MCPServer
+from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.resolve import ListRoots, Resolve
+from mcp.server.mcpserver.tools import Tool
+from mcp_types import ListRootsResult
+from pydantic import BaseModel, Field
+
+from memory_mcp import __version__
+from memory_mcp.errors import InvalidInput, MemoryMcpError
+from memory_mcp.records import Hit, SearchResult, StoreResult
+from memory_mcp.service import MemoryService, UnifiedItem
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+ToolFn = TypeVar("ToolFn", bound=Callable[..., Awaitable[Any]])
+
+INSTRUCTIONS = (
+    "Project memory shared by every coding agent. Store durable lessons with memory_store "
+    "(decisions, conventions, gotchas, what you did as kind=journal); look things up with "
+    "project_search or memory_search before asking the user or re-discovering them."
+)
+
+# Names an agent CLI gives itself in clientInfo, by prefix, and the agent it stands for.
+_KNOWN_CLIENTS: tuple[tuple[str, str], ...] = (
+    ("claude", "claude"),
+    ("codex", "codex"),
+    ("gemini", "gemini"),
+)
+
+
+def agent_name(client_name: str | None) -> str:
+    """The provenance name of a client: claude, codex, gemini, else what it calls itself."""
+    name = (client_name or "").strip()
+    if not name:
+        return "unknown"
+    folded = name.casefold()
+    for prefix, agent in _KNOWN_CLIENTS:
+        if folded.startswith(prefix):
+            return agent
+    return name
+
+
+def root_path(uri: str) -> Path:
+    """The local directory of a ``file://`` root URI."""
+    parsed = urlparse(uri)
+    if parsed.scheme != "file":
+        raise InvalidInput(
+            f"the client's root {uri!r} is not a file:// URI; pass cwd (an absolute directory)"
+        )
+    if parsed.netloc not in ("", "localhost"):
+        raise InvalidInput(
+            f"the client's root {uri!r} is on another host; pass cwd (an absolute directory)"
+        )
+    return Path(url2pathname(unquote(parsed.path)))
+
+
+# Tool results. Every agent pays for the tools/list answer on every turn, so fields
+# are few and never nullable (``compact_schema`` drops titles and nullable wrappers).
+
+
+class Stored(BaseModel):
+    id: str
+    action: str
+    related_id: str = ""
+    related_content: str = ""
+    conflict_id: int = 0
+    redacted: list[str] = []
+    reason: str = ""
+
+
+class Found(BaseModel):
+    id: str
+    content: str
+    corpus: str
+    kind: str
+    score: float
+    agent: str
+    created_at: str
+    tags: list[str] = []
+    meta: dict[str, Any] = {}
+
+
+class Results(BaseModel):
+    results: list[Found]
+    mode: str
+    warnings: list[str] = []
+
+
+class UnifiedHit(BaseModel):
+    type: str
+    id: str
+    content: str
+    similarity: float
+    metadata: dict[str, Any]
+
+
+class UnifiedResults(BaseModel):
+    results: list[UnifiedHit]
+    warnings: list[str] = []
+
+
+class Forgotten(BaseModel):
+    id: str
+    archived_at: str
+    reason: str
+
+
+def _stored(result: StoreResult) -> Stored:
+    return Stored(
+        id=result.id,
+        action=result.action,
+        related_id=result.related_id or "",
+        related_content=result.related_content or "",
+        conflict_id=result.conflict_id or 0,
+        redacted=[f"{r.kind} x{r.count}" for r in result.redactions],
+        reason=result.reason,
+    )
+
+
+def _found(hit: Hit) -> Found:
+    record = hit.record
+    meta: dict[str, Any] = {k: record.meta[k] for k in ("path", "heading") if k in record.meta}
+    return Found(
+        id=record.id,
+        content=record.content,
+        corpus=record.corpus,
+        kind=record.kind,
+        score=round(hit.score, 4),
+        agent=record.agent,
+        created_at=record.created_at,
+        tags=record.tags,
+        meta=meta,
+    )
+
+
+def _results(result: SearchResult) -> Results:
+    return Results(
+        results=[_found(h) for h in result.hits], mode=result.mode, warnings=result.warnings
+    )
+
+
+def _unified(item: UnifiedItem) -> UnifiedHit:
+    return UnifiedHit(
+        type=item.type,
+        id=item.id,
+        content=item.content,
+        similarity=item.similarity,
+        metadata=item.metadata,
+    )
+
+
+async def _roots_if_needed(cwd: str | None, ctx: Context) -> ListRoots | None:
+    """Ask the client for its roots only when the call names no cwd and it has roots."""
+    if cwd:
+        return None
+    capabilities = ctx.client_capabilities
+    if capabilities is None or capabilities.roots is None:
+        return None
+    return ListRoots()
+
+
+Roots = Annotated[ListRootsResult | None, Resolve(_roots_if_needed)]
+Cwd = Annotated[
+    str | None,
+    Field(description="Absolute dir in the project (default: client root, else server cwd)."),
+]
+Query = Annotated[str, Field(description="What to look for, in words.")]
+
+
+def working_directory(cwd: str | None, roots: ListRootsResult | None) -> str | None:
+    """The directory a call is about: ``cwd``, else the first root, else None (process cwd)."""
+    if cwd:
+        return cwd
+    if roots is not None and roots.roots:
+        path = root_path(str(roots.roots[0].uri))
+        if not path.is_dir():
+            raise InvalidInput(
+                f"the client's root {str(path)!r} is not a directory on the server's machine; "
+                "pass cwd (an absolute directory)"
+            )
+        return str(path)
+    return None
+
+
+def _where(cwd: str | None, roots: ListRootsResult | None) -> str | None:
+    try:
+        return working_directory(cwd, roots)
+    except MemoryMcpError as exc:
+        raise ToolError(str(exc)) from exc
+
+
+def _caller(ctx: Context) -> str:
+    params = ctx.session.client_params
+    return agent_name(params.client_info.name if params is not None else None)
+
+
+async def _call(work: Awaitable[T]) -> T:
+    """Run engine work; an engine error becomes a tool error with its message."""
+    try:
+        return await work
+    except MemoryMcpError as exc:
+        raise ToolError(str(exc)) from exc
+
+
+def compact_schema(schema: Any, *, nullable: bool = False) -> Any:
+    """A JSON schema without pydantic's titles, for a tool's input or (``nullable``) output.
+
+    In an input schema an optional argument is advertised as its plain type with
+    no default (absent means "not given"; the arguments model still accepts
+    null). An output schema keeps its ``null`` arms but loses its defaults: a
+    result always carries every field.
+    """
+    if isinstance(schema, list):
+        return [compact_schema(item, nullable=nullable) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {
+        key: compact_schema(value, nullable=nullable)
+        for key, value in schema.items()
+        if not (key == "title" and isinstance(value, str))
+        and not (nullable and key == "default" and not isinstance(value, dict))
+    }
+    arms = out.get("anyOf")
+    if not nullable and isinstance(arms, list):
+        kept = [arm for arm in arms if arm != {"type": "null"}]
+        if len(kept) == 1 and len(kept) < len(arms):
+            del out["anyOf"]
+            out = {**kept[0], **out}
+            if out.get("default", 0) is None:
+                del out["default"]
+    return out
+
+
+def build_server(memory: MemoryService) -> MCPServer[Any]:
+    """The MCP server over an open ``MemoryService``."""
+    tools: list[Tool] = []
+
+    def tool(name: str | None = None) -> Callable[[ToolFn], ToolFn]:
+        def register(fn: ToolFn) -> ToolFn:
+            made = Tool.from_function(fn, name=name)
+            made.parameters = compact_schema(made.parameters)
+            if made.fn_metadata.output_schema is not None:
+                made.fn_metadata.output_schema = compact_schema(
+                    made.fn_metadata.output_schema, nullable=True
+                )
+            tools.append(made)
+            return fn
+
+        return register
+
+    @tool()
+    async def memory_store(
+        content: Annotated[
+            str, Field(description="The durable point to remember, in a sentence or two.")
+        ],
+        ctx: Context,
+        roots: Roots,
+        kind: Annotated[
+            str,
+            Field(description="fact decision preference procedure gotcha journal goal plan"),
+        ] = "fact",
+        scope: Annotated[
+            Literal["project", "global"],
+            Field(description="global only for preferences that hold in every project."),
+        ] = "project",
+        importance: Annotated[
+            float | None, Field(description="0 to 1 (default: inferred).")
+        ] = None,
+        tags: Annotated[list[str] | None, Field(description="Short labels.")] = None,
+        cwd: Cwd = None,
+    ) -> Stored:
+        """Remember something about this project for every agent; near-duplicates fold."""
+        where = _where(cwd, roots)
+        result = await _call(
+            memory.store(
+                content,
+                kind=kind,
+                scope=scope,
+                cwd=where,
+                importance=importance,
+                tags=tags or (),
+                agent=_caller(ctx),
+            )
+        )
+        return _stored(result)
+
+    @tool()
+    async def memory_search(
+        query: Query,
+        roots: Roots,
+        scope: Annotated[
+            Literal["project", "global", "all"], Field(description="all = project + global.")
+        ] = "all",
+        kinds: Annotated[list[str] | None, Field(description="Only these kinds.")] = None,
+        tags: Annotated[list[str] | None, Field(description="Any of these tags.")] = None,
+        since: Annotated[str | None, Field(description="ISO date or time.")] = None,
+        until: Annotated[str | None, Field(description="ISO date or time.")] = None,
+        limit: Annotated[int, Field(description="1 to 50.")] = 8,
+        cwd: Cwd = None,
+    ) -> Results:
+        """Search stored facts, decisions and conventions, best first."""
+        where = _where(cwd, roots)
+        result = await _call(
+            memory.search(
+                query,
+                scope=scope,
+                cwd=where,
+                kinds=kinds or (),
+                tags=tags or (),
+                since=since,
+                until=until,
+                limit=limit,
+            )
+        )
+        return _results(result)
+
+    @tool()
+    async def project_search(
+        query: Query,
+        roots: Roots,
+        limit: Annotated[int, Field(description="1 to 50.")] = 8,
+        cwd: Cwd = None,
+    ) -> Results:
+        """Search everything about the project at once: facts, journal, goal/plan and its docs."""
+        where = _where(cwd, roots)
+        result = await _call(memory.project_search(query, cwd=where, limit=limit))
+        return _results(result)
+
+    @tool(name="searchUnifiedMemory")
+    async def search_unified_memory(
+        query: Query,
+        roots: Roots,
+        sources: Annotated[
+            list[str] | None, Field(description="Any of memory, insights, knowledge (default all).")
+        ] = None,
+        limit: Annotated[int, Field(description="1 to 20.")] = 8,
+        threshold: Annotated[float, Field(description="Minimum similarity, 0 to 1.")] = 0.35,
+        cwd: Cwd = None,
+    ) -> UnifiedResults:
+        """Search memory, insights and knowledge with one comparable similarity."""
+        where = _where(cwd, roots)
+        result = await _call(
+            memory.unified_search(
+                query, sources=sources, cwd=where, limit=limit, threshold=threshold
+            )
+        )
+        return UnifiedResults(
+            results=[_unified(i) for i in result.results], warnings=result.warnings
+        )
+
+    @tool()
+    async def memory_forget(
+        id: Annotated[str, Field(description="The record's id.")],
+        reason: Annotated[str, Field(description="Why it no longer holds.")],
+        roots: Roots,
+        cwd: Cwd = None,
+    ) -> Forgotten:
+        """Archive a memory that is wrong or obsolete (reversible)."""
+        where = _where(cwd, roots)
+        record = await _call(memory.forget(id, reason=reason, cwd=where, anywhere=False))
+        assert record.archived_at is not None
+        return Forgotten(id=record.id, archived_at=record.archived_at, reason=reason)
+
+    return MCPServer(
+        "memory-mcp",
+        instructions=INSTRUCTIONS,
+        version=__version__,
+        log_level="WARNING",
+        tools=tools,
+    )

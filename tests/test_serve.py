@@ -1,0 +1,355 @@
+"""`memory-mcp serve` as the agent CLIs run it: subprocesses over stdio, SSE and streamable HTTP."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from mcp import Client, StdioServerParameters
+from mcp.client.sse import sse_client
+from mcp_types import Implementation
+
+from memory_mcp.config import ServeSettings
+from memory_mcp.errors import ConfigError
+from memory_mcp.front import CACHE_FILE, fast_serve_args
+from memory_mcp.serve import check_exposure, is_loopback
+
+pytestmark = pytest.mark.anyio
+
+COMMAND = str(Path(sys.executable).with_name("memory-mcp"))
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    """The environment a CLI gives the server: the user's, with this test's data and cache."""
+    return {
+        **{k: v for k, v in os.environ.items() if not k.startswith("MEMORY_MCP_")},
+        "MEMORY_MCP_DATA_DIR": str(tmp_path / "data"),
+        "MEMORY_MCP_EMBEDDER_MODEL_PATH": os.environ.get("MEMORY_MCP_EMBEDDER_MODEL_PATH", ""),
+        "XDG_CACHE_HOME": str(tmp_path / "cache"),
+    }
+
+
+def stdio(env: dict[str, str], cwd: Path, name: str, *args: str, **kwargs: Any) -> Client:
+    params = StdioServerParameters(command=COMMAND, args=[*args, "serve"], env=env, cwd=str(cwd))
+    return Client(params, client_info=Implementation(name=name, version="1.0"), **kwargs)
+
+
+async def call(c: Client, tool: str, **arguments: Any) -> dict[str, Any]:
+    result = await c.call_tool(tool, arguments)
+    assert not result.is_error, result.content
+    assert result.structured_content is not None
+    return result.structured_content
+
+
+async def round_trip(writer: Client, reader: Client, cwd: Path | None = None) -> None:
+    """Store from one client, find it from another through every search tool."""
+    where = {"cwd": str(cwd)} if cwd else {}
+    async with writer as w:
+        stored = await call(
+            w, "memory_store", content="Releases are tagged vX.Y.Z by the release job", **where
+        )
+    assert stored["action"] == "inserted"
+    async with reader as r:
+        search = await call(r, "memory_search", query="how are releases tagged", **where)
+        project = await call(r, "project_search", query="release tags", **where)
+        unified = await call(r, "searchUnifiedMemory", query="release tagging", **where)
+    for found in (search["results"], project["results"]):
+        assert found[0]["id"] == stored["id"]
+        assert found[0]["agent"] == "claude"
+    assert unified["results"][0]["id"] == stored["id"]
+    assert unified["results"][0]["metadata"]["agent"] == "claude"
+
+
+async def test_stdio_round_trip_between_claude_code_and_codex(
+    env: dict[str, str], project: Path
+) -> None:
+    """Two server processes, as two CLIs spawn them in one repository, share one brain."""
+    await round_trip(
+        stdio(env, project, "claude-code", mode="legacy"),
+        stdio(env, project / "src" / "pkg", "codex", mode="legacy"),
+    )
+
+
+async def test_the_handshake_cache_gives_the_servers_own_answers(
+    env: dict[str, str], project: Path, tmp_path: Path
+) -> None:
+    async def handshake(*args: str) -> tuple[Any, Any]:
+        async with stdio(env, project, "claude-code", *args, mode="legacy") as c:
+            tools = await c.list_tools()
+            assert c.server_info is not None
+            info = (
+                c.server_info.model_dump(),
+                c.server_capabilities.model_dump(),
+                c.instructions,
+            )
+            await call(c, "memory_search", query="warm up")
+        return info, tools.model_dump()
+
+    cache = tmp_path / "cache" / "memory-mcp" / CACHE_FILE
+    learned = await handshake()  # no cache: every answer comes from the server
+    assert cache.is_file()
+    stamp = cache.stat().st_mtime_ns
+    cached = await handshake()  # answered by the front from the cache
+    assert cached == learned
+    assert cache.stat().st_mtime_ns == stamp, "the server's answers matched: no rewrite"
+    full = await handshake("-v")  # the full command line, no front
+    assert full == learned
+
+
+def test_fast_front_takes_only_plain_stdio_serve() -> None:
+    assert fast_serve_args(["serve"]) == (True, None)
+    assert fast_serve_args(["serve", "--cwd", "/x"]) == (True, "/x")
+    assert fast_serve_args(["serve", "--cwd=/x", "-t", "stdio"]) == (True, "/x")
+    assert fast_serve_args(["serve", "--transport", "sse"]) == (False, None)
+    assert fast_serve_args(["serve", "--help"]) == (False, None)
+    assert fast_serve_args(["-v", "serve"]) == (False, None)
+    assert fast_serve_args(["search", "x"]) == (False, None)
+
+
+# Raw JSON-RPC over a pipe, to watch shutdown ---------------------------------------------
+
+
+@contextmanager
+def raw_server(env: dict[str, str], cwd: Path, *args: str) -> Iterator[subprocess.Popen[bytes]]:
+    process = subprocess.Popen(
+        [COMMAND, *args, "serve"],
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def send(process: subprocess.Popen[bytes], message: dict[str, Any]) -> None:
+    assert process.stdin is not None
+    process.stdin.write(json.dumps(message).encode() + b"\n")
+    process.stdin.flush()
+
+
+def receive(process: subprocess.Popen[bytes], timeout: float = 60) -> dict[str, Any]:
+    assert process.stdout is not None
+    ready, _, _ = select.select([process.stdout], [], [], timeout)
+    assert ready, "no answer from the server"
+    line = process.stdout.readline()
+    assert line, "the server closed stdout"
+    message: dict[str, Any] = json.loads(line)
+    return message
+
+
+def handshake(process: subprocess.Popen[bytes]) -> None:
+    send(
+        process,
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "claude-code", "version": "1"},
+            },
+        },
+    )
+    assert receive(process)["result"]["serverInfo"]["name"] == "memory-mcp"
+    send(process, {"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+
+def store(process: subprocess.Popen[bytes], request_id: int, content: str) -> dict[str, Any]:
+    send(
+        process,
+        {
+            "jsonrpc": "2.0",
+            "id": request_id,
+            "method": "tools/call",
+            "params": {"name": "memory_store", "arguments": {"content": content}},
+        },
+    )
+    return receive(process)
+
+
+@pytest.mark.parametrize(
+    ("how", "args"),
+    [
+        ("SIGTERM", ()),
+        ("SIGINT", ()),
+        ("stdin", ()),
+        ("SIGTERM", ("-v",)),
+        ("SIGINT", ("-v",)),
+        ("stdin", ("-v",)),
+    ],
+)
+def test_stdio_shuts_down_cleanly(
+    env: dict[str, str], project: Path, tmp_path: Path, how: str, args: tuple[str, ...]
+) -> None:
+    with raw_server(env, project, *args) as process:
+        handshake(process)
+        answer = store(process, 2, "The build uses Bazel")
+        assert not answer["result"]["isError"]
+        if how == "stdin":
+            assert process.stdin is not None
+            process.stdin.close()
+        else:
+            process.send_signal(getattr(signal, how))
+        assert process.wait(timeout=30) == 0
+        assert process.stderr is not None
+        assert b"Traceback" not in process.stderr.read()
+    database = sqlite3.connect(tmp_path / "data" / "memory.db")
+    assert database.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    assert database.execute("SELECT count(*) FROM records").fetchone() == (1,)
+
+
+def test_stdout_carries_only_protocol(env: dict[str, str], project: Path) -> None:
+    with raw_server(env, project) as process:
+        handshake(process)
+        for n in range(3):
+            answer = store(process, 10 + n, f"Fact number {n} about the build")
+            assert answer["jsonrpc"] == "2.0" and answer["id"] == 10 + n
+
+
+# HTTP ---------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@contextmanager
+def http_server(
+    env: dict[str, str], cwd: Path, transport: str, *args: str
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    port = free_port()
+    process = subprocess.Popen(
+        [COMMAND, "serve", "--transport", transport, "--port", str(port), *args],
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert process.stderr is not None
+        deadline = time.monotonic() + 60
+        line = b""
+        while time.monotonic() < deadline and b"serving MCP" not in line:
+            ready, _, _ = select.select([process.stderr], [], [], 1)
+            if ready:
+                line = process.stderr.readline()
+                assert line or process.poll() is None, "the server exited"
+        assert b"serving MCP" in line, "the server did not start"
+        path = "/sse" if transport == "sse" else "/mcp"
+        yield f"http://127.0.0.1:{port}{path}", process
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+async def test_streamable_http_round_trip(env: dict[str, str], project: Path) -> None:
+    with http_server(env, project, "streamable-http") as (url, _):
+        await round_trip(
+            Client(url, client_info=Implementation(name="claude-code", version="1")),
+            Client(url, client_info=Implementation(name="codex", version="1")),
+            cwd=project,
+        )
+
+
+async def test_sse_round_trip(env: dict[str, str], project: Path) -> None:
+    with http_server(env, project, "sse") as (url, _):
+        await round_trip(
+            Client(sse_client(url), client_info=Implementation(name="claude-code", version="1")),
+            Client(sse_client(url), client_info=Implementation(name="codex", version="1")),
+            cwd=project,
+        )
+
+
+async def test_http_with_a_token_needs_it(env: dict[str, str], project: Path) -> None:
+    token = "s3cret-token-of-some-length"
+    env = {**env, "MEMORY_MCP_SERVE_TOKEN": token}
+    with http_server(env, project, "sse") as (url, _):
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": token}):
+            async with httpx.AsyncClient() as http:
+                response = await http.get(url, headers=headers, timeout=10)
+            assert response.status_code == 401, headers
+            assert response.headers["www-authenticate"].startswith("Bearer")
+        await round_trip(
+            Client(
+                sse_client(url, headers={"Authorization": f"Bearer {token}"}),
+                client_info=Implementation(name="claude-code", version="1"),
+            ),
+            Client(
+                sse_client(url, headers={"Authorization": f"Bearer {token}"}),
+                client_info=Implementation(name="codex", version="1"),
+            ),
+            cwd=project,
+        )
+
+
+def test_dns_rebinding_protection_rejects_foreign_hosts(env: dict[str, str], project: Path) -> None:
+    with http_server(env, project, "streamable-http") as (url, _):
+        body = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+        headers = {"Host": "attacker.example", "Accept": "application/json, text/event-stream"}
+        response = httpx.post(url, json=body, headers=headers, timeout=10)
+        assert response.status_code in (400, 403, 421)
+
+
+def test_binding_a_public_address_without_a_token_refuses_to_start(
+    env: dict[str, str], project: Path
+) -> None:
+    result = subprocess.run(
+        [COMMAND, "serve", "--transport", "streamable-http", "--host", "0.0.0.0"],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        timeout=60,
+    )
+    assert result.returncode == 78
+    assert b"without a token" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("host", "token", "ok"),
+    [
+        ("127.0.0.1", "", True),
+        ("localhost", "", True),
+        ("::1", "", True),
+        ("0.0.0.0", "", False),
+        ("192.168.1.20", "", False),
+        ("0.0.0.0", "short", False),
+        ("0.0.0.0", "a-long-enough-random-token", True),
+    ],
+)
+def test_exposure_rules(host: str, token: str, ok: bool) -> None:
+    settings = ServeSettings(host=host, token=token)
+    assert is_loopback(host) == (host in ("127.0.0.1", "localhost", "::1"))
+    if ok:
+        check_exposure(settings)
+    else:
+        with pytest.raises(ConfigError):
+            check_exposure(settings)
