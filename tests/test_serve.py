@@ -353,3 +353,18 @@ def test_exposure_rules(host: str, token: str, ok: bool) -> None:
     else:
         with pytest.raises(ConfigError):
             check_exposure(settings)
+
+
+def test_bench_launch_times_spawn_to_tools_list(
+    env: dict[str, str], project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from memory_mcp.bench.launch import run_launch_bench
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    first = run_launch_bench(project, launches=1, command=[COMMAND, "serve"])
+    assert first.cold is not None and first.cold > 0, "the first launch learns the handshake"
+    again = run_launch_bench(project, launches=2, command=[COMMAND, "serve"])
+    assert again.cold is None, "later launches find the cache"
+    assert len(again.warm) == 2 and all(t > 0 for t in again.warm)
+    assert again.to_json()["launches"] == 2

@@ -627,6 +627,28 @@ def bench_retrieval(
     _metric_tables(report.table, report.even, report.odd)
 
 
+@bench_app.command("launch")
+def bench_launch(
+    launches: Annotated[int, typer.Option(min=1, max=1000, help="Timed launches.")] = 10,
+    cwd: CwdOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Seconds from spawning `memory-mcp serve` (stdio) to its tools/list answer."""
+    from memory_mcp.bench.launch import run_launch_bench
+
+    with _engine_errors(), _progress("launches", launches) as report:
+        result = run_launch_bench(cwd or Path.cwd(), launches=launches, progress=report)
+    if as_json:
+        _print_json(result.to_json())
+        return
+    if result.cold is not None:
+        out.print(f"first launch (no handshake cache yet): {result.cold:.3f} s")
+    out.print(
+        f"{len(result.warm)} launches: median {result.median:.3f} s, "
+        f"min {min(result.warm):.3f} s, max {max(result.warm):.3f} s"
+    )
+
+
 @bench_app.command("score")
 def bench_score(
     data: Annotated[Path, typer.Argument(help="Benchmark data (*.jsonl or *.jsonl.gz).")],
