@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,8 @@ import pytest
 from mcp import Client
 from mcp_types import CallToolResult, Implementation, ListRootsResult, Root
 
+from memory_mcp.config import Settings
+from memory_mcp.embedders.base import FakeEmbedder
 from memory_mcp.errors import InvalidInput, StorageError
 from memory_mcp.ingest import ingest
 from memory_mcp.records import Record
@@ -498,3 +501,36 @@ def test_at_least_fifteen_bad_inputs_are_covered() -> None:
 
 def _text(result: CallToolResult) -> str:
     return " ".join(getattr(block, "text", "") for block in result.content)
+
+
+class SlowToLoad(FakeEmbedder):
+    """A model that is still loading until the test lets it finish."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def load(self, *, download: bool = False) -> None:
+        assert self.release.wait(30), "the test never released the model"
+
+
+async def test_tools_answer_while_the_model_loads_and_say_they_are_lexical(
+    tmp_path: Path, project: Path
+) -> None:
+    slow = SlowToLoad()
+    async with (
+        MemoryService.open(Settings(), database=tmp_path / "slow.db", embedder=slow) as memory,
+        client(memory) as c,
+    ):
+        tools = await c.list_tools()
+        assert {t.name for t in tools.tools} == TOOLS
+        await call(c, "memory_store", content="Docs live in docs/", cwd=str(project))
+        early = await call(c, "memory_search", query="docs", cwd=str(project))
+        assert early["mode"] == "lexical"
+        assert early["warnings"] and "lexical search only" in early["warnings"][0]
+        assert len(early["results"]) == 1
+        slow.release.set()
+        assert await memory.embeddings.wait_settled(30)
+        later = await call(c, "memory_search", query="docs", cwd=str(project))
+        assert later["mode"] == "hybrid"
+        assert later["warnings"] == []
