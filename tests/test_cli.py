@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from conftest import MODEL_ENV, SHARED, model_path
+from memory_mcp import __version__
 from memory_mcp.cli import app
 
 runner = CliRunner()
@@ -253,3 +254,12 @@ def test_bench_score_refuses_a_malformed_run_file_with_exit_65(tmp_path: Path) -
     assert code == 65 and "run.jsonl:1: not a run line" in stderr
     code, _, stderr = run("bench", "score", str(data), str(tmp_path / "missing.jsonl"))
     assert code == 66 and "is not a file" in stderr
+
+
+def test_version_and_a_missing_command() -> None:
+    code, out, _ = run("--version")
+    assert code == 0
+    assert out.strip() == __version__
+    code, _, err = run("--verbose")
+    assert code == 2
+    assert "memory-mcp --help" in err

@@ -65,8 +65,9 @@ def main() -> None:
     app()
 
 
-@app.callback()
+@app.callback(invoke_without_command=True)
 def _root(
+    ctx: typer.Context,
     verbose: Annotated[
         bool, typer.Option("--verbose", "-v", help="Log progress to stderr.")
     ] = False,
@@ -75,6 +76,9 @@ def _root(
     if version:
         out.print(__version__)
         raise typer.Exit()
+    if ctx.invoked_subcommand is None:
+        err.print("missing command; see memory-mcp --help")
+        raise typer.Exit(2)
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
         stream=sys.stderr,
