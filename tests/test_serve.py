@@ -24,7 +24,7 @@ from mcp_types import Implementation
 
 from memory_mcp.config import ServeSettings
 from memory_mcp.errors import ConfigError
-from memory_mcp.front import CACHE_FILE, fast_serve_args
+from memory_mcp.front import CACHE_FILE, cache_key, fast_serve_args
 from memory_mcp.serve import check_exposure, is_loopback
 
 pytestmark = pytest.mark.anyio
@@ -368,3 +368,26 @@ def test_bench_launch_times_spawn_to_tools_list(
     assert again.cold is None, "later launches find the cache"
     assert len(again.warm) == 2 and all(t > 0 for t in again.warm)
     assert again.to_json()["launches"] == 2
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        "not json",
+        json.dumps({"key": "old-version", "versions": ["2025-06-18"]}),
+        json.dumps({"key": cache_key(), "versions": [], "initialize": {}, "tools_list": {}}),
+    ],
+)
+async def test_a_bad_or_stale_handshake_cache_is_relearned(
+    env: dict[str, str], project: Path, tmp_path: Path, content: str
+) -> None:
+    cache = tmp_path / "cache" / "memory-mcp" / CACHE_FILE
+    cache.parent.mkdir(parents=True)
+    cache.write_text(content)
+    async with stdio(env, project, "claude-code", mode="legacy") as c:
+        tools = await c.list_tools()
+        await call(c, "memory_search", query="anything")
+    assert {t.name for t in tools.tools} >= {"memory_store", "searchUnifiedMemory"}
+    learned = json.loads(cache.read_text())
+    assert learned["key"] == cache_key()
+    assert len(learned["tools_list"]["tools"]) == len(tools.tools)

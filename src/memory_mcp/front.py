@@ -129,6 +129,15 @@ class Front:
             return None
         if not isinstance(data, dict) or data.get("key") != self._key:
             return None
+        versions = data.get("versions")
+        if not (
+            isinstance(versions, list) and versions and all(isinstance(v, str) for v in versions)
+        ):
+            return None
+        if not (
+            isinstance(data.get("initialize"), dict) and isinstance(data.get("tools_list"), dict)
+        ):
+            return None
         return data
 
     # Client -> server --------------------------------------------------------------
