@@ -24,7 +24,14 @@ from memory_mcp.write import new_id
 
 pytestmark = pytest.mark.anyio
 
-TOOLS = {"memory_store", "memory_search", "project_search", "searchUnifiedMemory", "memory_forget"}
+TOOLS = {
+    "memory_store",
+    "memory_search",
+    "project_search",
+    "searchUnifiedMemory",
+    "memory_forget",
+    "memory_brief",
+}
 
 
 def client(memory: MemoryService, name: str = "claude-code", **kwargs: Any) -> Client:

@@ -383,6 +383,40 @@ def forget(
 
 
 @app.command()
+def brief(
+    budget: Annotated[
+        int | None,
+        typer.Option(min=100, max=20000, help="Token budget (default brief.budget_tokens)."),
+    ] = None,
+    hook: Annotated[
+        bool,
+        typer.Option(
+            "--hook",
+            help="Print it as a SessionStart hook's JSON (Claude Code, Codex, Gemini CLI).",
+        ),
+    ] = False,
+    cwd: CwdOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Print the spawn brief: goal, plan, top facts by the prior, recent journal."""
+    from memory_mcp.brief import build_brief
+
+    async def use(memory: MemoryService) -> Any:
+        return await build_brief(memory, cwd, budget=budget)
+
+    result = _with_memory(cwd, use, wait=0)
+    if hook:
+        context = {"hookEventName": "SessionStart", "additionalContext": result.text}
+        typer.echo(json.dumps({"hookSpecificOutput": context}, ensure_ascii=False))
+    elif as_json:
+        _print_json(asdict(result))
+    elif result.empty:
+        err.print("no memories for this project yet")
+    else:
+        typer.echo(result.text, nl=False)
+
+
+@app.command()
 def status(cwd: CwdOption = None, as_json: JsonOption = False) -> None:
     """Show the database, SQLite driver, embedder (effective / configured / degraded), counts."""
 

@@ -164,7 +164,17 @@ class SearchSettings(_Section):
 
 class RankingSettings(_Section):
     half_life_days: float = Field(
-        30.0, gt=0, description="Days after which recency counts half (pinned records never decay)."
+        30.0,
+        gt=0,
+        description="Days after which recency counts half (pinned records never decay).",
+    )
+    durable_half_life_days: float = Field(
+        180.0,
+        gt=0,
+        description=(
+            "Half-life of decisions, preferences, procedures, gotchas, goals and plans, which "
+            "are meant to last."
+        ),
     )
     prior_weight: float = Field(
         0.15,
@@ -189,6 +199,21 @@ class StorageSettings(_Section):
         15000,
         ge=100,
         description="How long a write waits for another process's write before failing.",
+    )
+
+
+class BriefSettings(_Section):
+    budget_tokens: int = Field(
+        1200,
+        ge=100,
+        le=20000,
+        description="Token budget of the spawn brief (estimated as characters / 4).",
+    )
+    journal_entries: int = Field(
+        5, ge=0, le=50, description="Most recent journal entries the brief shows, at most."
+    )
+    line_chars: int = Field(
+        200, ge=60, le=2000, description="Characters of one memory in the brief before it is cut."
     )
 
 
@@ -229,6 +254,7 @@ class Settings(_Section):
     search: SearchSettings = Field(default_factory=SearchSettings)  # type: ignore[arg-type]
     ranking: RankingSettings = Field(default_factory=RankingSettings)  # type: ignore[arg-type]
     storage: StorageSettings = Field(default_factory=StorageSettings)  # type: ignore[arg-type]
+    brief: BriefSettings = Field(default_factory=BriefSettings)  # type: ignore[arg-type]
     serve: ServeSettings = Field(default_factory=ServeSettings)  # type: ignore[arg-type]
 
     def database_path(self) -> Path:
@@ -238,7 +264,7 @@ class Settings(_Section):
 
 
 # Sections a project's own config file may set (it travels with the repository).
-PROJECT_SECTIONS = frozenset({"write", "fold", "search", "ranking"})
+PROJECT_SECTIONS = frozenset({"write", "fold", "search", "ranking", "brief"})
 
 
 @dataclass(frozen=True)

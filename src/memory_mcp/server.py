@@ -105,7 +105,6 @@ class Found(BaseModel):
     score: float
     agent: str
     created_at: str
-    tags: list[str] = []
     meta: dict[str, Any] = {}
 
 
@@ -126,6 +125,11 @@ class UnifiedHit(BaseModel):
 class UnifiedResults(BaseModel):
     results: list[UnifiedHit]
     warnings: list[str] = []
+
+
+class BriefOut(BaseModel):
+    brief: str
+    tokens: int
 
 
 class Forgotten(BaseModel):
@@ -149,6 +153,8 @@ def _stored(result: StoreResult) -> Stored:
 def _found(hit: Hit) -> Found:
     record = hit.record
     meta: dict[str, Any] = {k: record.meta[k] for k in ("path", "heading") if k in record.meta}
+    if record.tags:
+        meta["tags"] = list(record.tags)
     return Found(
         id=record.id,
         content=record.content,
@@ -157,7 +163,6 @@ def _found(hit: Hit) -> Found:
         score=round(hit.score, 4),
         agent=record.agent,
         created_at=record.created_at,
-        tags=record.tags,
         meta=meta,
     )
 
@@ -191,9 +196,9 @@ async def _roots_if_needed(cwd: str | None, ctx: Context) -> ListRoots | None:
 Roots = Annotated[ListRootsResult | None, Resolve(_roots_if_needed)]
 Cwd = Annotated[
     str | None,
-    Field(description="Absolute dir in the project (default: client root, else server cwd)."),
+    Field(description="Absolute project dir (default: client root, else server cwd)."),
 ]
-Query = Annotated[str, Field(description="What to look for, in words.")]
+Query = Annotated[str, Field(description="What to look for.")]
 
 
 def working_directory(cwd: str | None, roots: ListRootsResult | None) -> str | None:
@@ -234,21 +239,25 @@ async def _call(work: Awaitable[T]) -> T:
 def compact_schema(schema: Any, *, nullable: bool = False) -> Any:
     """A JSON schema without pydantic's titles, for a tool's input or (``nullable``) output.
 
-    In an input schema an optional argument is advertised as its plain type with
-    no default (absent means "not given"; the arguments model still accepts
-    null). An output schema keeps its ``null`` arms but loses its defaults: a
-    result always carries every field.
+    ``additionalProperties: true`` (the default anyway) goes too. In an input
+    schema an optional argument is advertised as its plain type with no default
+    (absent means "not given"; the arguments model still accepts null). An
+    output schema keeps its ``null`` arms but loses its defaults: a result always
+    carries every field.
     """
     if isinstance(schema, list):
         return [compact_schema(item, nullable=nullable) for item in schema]
     if not isinstance(schema, dict):
         return schema
-    out = {
-        key: compact_schema(value, nullable=nullable)
-        for key, value in schema.items()
-        if not (key == "title" and isinstance(value, str))
-        and not (nullable and key == "default" and not isinstance(value, dict))
-    }
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in ("properties", "$defs") and isinstance(value, dict):
+            # A map of names to schemas: every name stays, whatever it is called.
+            out[key] = {name: compact_schema(sub, nullable=nullable) for name, sub in value.items()}
+        elif key == "title" or (key == "additionalProperties" and value is True):
+            continue
+        elif not (key == "default" and nullable):
+            out[key] = compact_schema(value, nullable=nullable)
     arms = out.get("anyOf")
     if not nullable and isinstance(arms, list):
         kept = [arm for arm in arms if arm != {"type": "null"}]
@@ -279,9 +288,7 @@ def build_server(memory: MemoryService) -> MCPServer[Any]:
 
     @tool()
     async def memory_store(
-        content: Annotated[
-            str, Field(description="The durable point to remember, in a sentence or two.")
-        ],
+        content: Annotated[str, Field(description="The durable point, in a sentence or two.")],
         ctx: Context,
         roots: Roots,
         kind: Annotated[
@@ -290,7 +297,7 @@ def build_server(memory: MemoryService) -> MCPServer[Any]:
         ] = "fact",
         scope: Annotated[
             Literal["project", "global"],
-            Field(description="global only for preferences that hold in every project."),
+            Field(description="global: only for what holds in every project."),
         ] = "project",
         importance: Annotated[
             float | None, Field(description="0 to 1 (default: inferred).")
@@ -298,7 +305,7 @@ def build_server(memory: MemoryService) -> MCPServer[Any]:
         tags: Annotated[list[str] | None, Field(description="Short labels.")] = None,
         cwd: Cwd = None,
     ) -> Stored:
-        """Remember something about this project for every agent; near-duplicates fold."""
+        """Remember a project fact for every agent; near-duplicates fold."""
         where = _where(cwd, roots)
         result = await _call(
             memory.store(
@@ -350,7 +357,7 @@ def build_server(memory: MemoryService) -> MCPServer[Any]:
         limit: Annotated[int, Field(description="1 to 50.")] = 8,
         cwd: Cwd = None,
     ) -> Results:
-        """Search everything about the project at once: facts, journal, goal/plan and its docs."""
+        """Search all project memory at once: facts, journal, goal/plan and docs."""
         where = _where(cwd, roots)
         result = await _call(memory.project_search(query, cwd=where, limit=limit))
         return _results(result)
@@ -389,6 +396,14 @@ def build_server(memory: MemoryService) -> MCPServer[Any]:
         record = await _call(memory.forget(id, reason=reason, cwd=where, anywhere=False))
         assert record.archived_at is not None
         return Forgotten(id=record.id, archived_at=record.archived_at, reason=reason)
+
+    @tool()
+    async def memory_brief(roots: Roots, cwd: Cwd = None) -> BriefOut:
+        """The project's memory brief: goal, plan, key facts and recent work."""
+        from memory_mcp.brief import build_brief
+
+        result = await _call(build_brief(memory, _where(cwd, roots)))
+        return BriefOut(brief=result.text, tokens=result.tokens)
 
     return MCPServer(
         "memory-mcp",

@@ -123,9 +123,15 @@ class MemoryService:
             min_relevance=settings.search.min_relevance,
             ranking=ranker.RankerConfig(
                 half_life_days=settings.ranking.half_life_days,
+                durable_half_life_days=settings.ranking.durable_half_life_days,
                 prior_weight=settings.ranking.prior_weight,
             ),
         )
+
+    @property
+    def ranking(self) -> ranker.RankerConfig:
+        """The one ranker's settings (half-life, prior weight)."""
+        return self._plan.ranking
 
     @classmethod
     @asynccontextmanager

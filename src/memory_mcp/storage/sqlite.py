@@ -578,6 +578,23 @@ class SqliteStore:
     async def current(self, filters: Filters, limit: int) -> list[Record]:
         return await self._queries.current(filters, limit)
 
+    async def ordered(
+        self,
+        filters: Filters,
+        order_sql: str,
+        params: Sequence[object],
+        limit: int,
+        offset: int = 0,
+    ) -> list[tuple[Record, float]]:
+        """Current records by an SQL expression over ``records r``, highest first, with it."""
+        where, where_params = _where(filters)
+        rows = await self._queries._fetch(
+            f"SELECT {_SELECT}, {order_sql} AS o FROM records r WHERE {where} "
+            "ORDER BY o DESC, r.id LIMIT ? OFFSET ?",
+            [*params, *where_params, limit, offset],
+        )
+        return [(_record(row), float(row[-1])) for row in rows]
+
     async def get(self, record_id: str) -> Record | None:
         found = await self.get_many([record_id])
         return found[0] if found else None
