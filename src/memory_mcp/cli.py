@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -18,7 +19,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from functools import partial
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar, cast
 
 import anyio
 import typer
@@ -33,6 +34,9 @@ from memory_mcp.errors import ConfigError, MemoryMcpError
 from memory_mcp.records import STORABLE_KINDS, Corpus, Hit, StoreResult, parse_time
 from memory_mcp.scope import project_root
 from memory_mcp.service import MemoryService, Status
+
+if TYPE_CHECKING:
+    from memory_mcp.inject import Agent, FileChange
 
 T = TypeVar("T")
 
@@ -119,9 +123,19 @@ def _with_memory(
     database: Path | None = None,
     wait: float = _EMBEDDER_WAIT,
     needs_vectors: bool = False,
+    no_embedder: bool = False,
 ) -> T:
+    """Run ``use`` with the service open.
+
+    Args:
+        no_embedder: work that never embeds (the brief) does not load a model.
+    """
+    loaded = _settings(cwd)
+    if no_embedder:
+        loaded.settings.embedder.backend = "bm25"
+
     async def work() -> T:
-        async with _open_memory(_settings(cwd), database, wait, needs_vectors) as memory:
+        async with _open_memory(loaded, database, wait, needs_vectors) as memory:
             return await use(memory)
 
     return _run(work)
@@ -414,6 +428,109 @@ def brief(
         err.print("no memories for this project yet")
     else:
         typer.echo(result.text, nl=False)
+
+
+class AgentChoice(StrEnum):
+    claude = "claude"
+    codex = "codex"
+    gemini = "gemini"
+    all = "all"
+
+
+def _agents(choice: AgentChoice) -> tuple[Agent, ...]:
+    from memory_mcp.inject import AGENTS
+
+    return AGENTS if choice is AgentChoice.all else (cast("Agent", choice.value),)
+
+
+def _inject(cwd: Path | None, agents: tuple[Agent, ...], imports: bool) -> list[FileChange]:
+    from memory_mcp.brief import build_brief
+    from memory_mcp.inject import inject as write_blocks
+
+    root = project_root(cwd)
+
+    async def use(memory: MemoryService) -> list[FileChange]:
+        brief = await build_brief(memory, root, dated=True)
+        return write_blocks(root, brief.text, agents, imports=imports)
+
+    return _with_memory(cwd, use, wait=0, no_embedder=True)
+
+
+def _report(changes: list[FileChange], as_json: bool, root: Path) -> None:
+    if as_json:
+        _print_json([{"path": str(c.path), "outcome": c.outcome, "note": c.note} for c in changes])
+        return
+    for change in changes:
+        where = change.path.relative_to(root) if change.path.is_relative_to(root) else change.path
+        note = f" ({change.note})" if change.note else ""
+        out.print(f"{where}: {change.outcome}{note}")
+
+
+AgentOption = Annotated[
+    AgentChoice,
+    typer.Option("--agent", "-a", help="Whose prompt file: claude, codex, gemini, all."),
+]
+
+
+@app.command()
+def inject(
+    agent: AgentOption = AgentChoice.all,
+    imports: Annotated[
+        bool,
+        typer.Option(
+            "--import",
+            help="Keep the brief in the git-ignored .memory-mcp/brief.md and only import it "
+            "from CLAUDE.md / GEMINI.md (Codex has no imports: AGENTS.md gets the brief).",
+        ),
+    ] = False,
+    cwd: CwdOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Write the brief into CLAUDE.md / AGENTS.md / GEMINI.md at the project root."""
+    changes = _inject(cwd, _agents(agent), imports)
+    _report(changes, as_json, project_root(cwd))
+
+
+@app.command()
+def uninject(
+    agent: AgentOption = AgentChoice.all, cwd: CwdOption = None, as_json: JsonOption = False
+) -> None:
+    """Remove what inject added, restoring each file byte for byte."""
+    from memory_mcp.inject import uninject as remove_blocks
+
+    root = project_root(cwd)
+    with _engine_errors():
+        changes = remove_blocks(root, _agents(agent))
+    _report(changes, as_json, root)
+
+
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+)
+def run(
+    ctx: typer.Context,
+    agent: Annotated[AgentChoice, typer.Argument(help="claude, codex or gemini.")],
+    imports: Annotated[bool, typer.Option("--import", help="As inject --import.")] = False,
+) -> None:
+    """Refresh the brief, then become the agent CLI: memory-mcp run claude -- ARGS."""
+    if agent is AgentChoice.all:
+        err.print("error: run starts one CLI: claude, codex or gemini")
+        raise typer.Exit(2)
+    program = agent.value
+    try:
+        with _engine_errors():
+            _inject(None, _agents(agent), imports)
+    except typer.Exit as stop:
+        if stop.exit_code not in (0, None):
+            err.print(f"memory-mcp: starting {program} without a fresh brief")
+    args = [program, *ctx.args]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execvp(program, args)
+    except OSError as exc:
+        err.print(f"error: cannot start {program}: {exc.strerror} (is it installed and on PATH?)")
+        raise typer.Exit(127) from None
 
 
 @app.command()

@@ -1,0 +1,313 @@
+"""Injection: the spawn brief in each CLI's prompt file, in a managed block.
+
+Claude Code reads ``CLAUDE.md``, Codex ``AGENTS.md`` and Gemini CLI ``GEMINI.md``
+at the project root when a session starts. ``inject`` writes the brief there
+between two marker comments; everything outside the block is the user's and is
+never changed:
+
+- the file's encoding (UTF-8, with or without BOM), line endings (LF or CRLF)
+  and trailing newline are kept; a file that is not UTF-8 is refused;
+- the block is appended after the user's text; the begin marker records how
+  many line breaks were added before it (``lead``) and whether ``inject``
+  created the file, so ``uninject`` restores the file byte for byte (and
+  deletes a file it created, unless someone has written in it since);
+- nothing is written when the result would be the same (no mtime change, no
+  git churn): the injected brief shows dates, not "3d ago", so it only changes
+  when the memory does;
+- writes are atomic (a temporary file in the same directory, then rename) and
+  never leave the project root: a prompt file that is a symlink to somewhere
+  outside is refused;
+- an empty brief adds no block (and removes an old one).
+
+With ``imports=True`` the brief goes to ``.memory-mcp/brief.md`` (ignored by
+git through its own ``.gitignore``) and the block holds only an import of it,
+for the CLIs whose prompt files support imports: Claude Code (``@path``) and
+Gemini CLI (``@./path``). Codex's AGENTS.md has no import syntax, so Codex
+always gets the brief itself. Codex reads ``~/.codex/AGENTS.md`` as well as the
+repository's; only the repository's file is written, so the brief appears once.
+When the repository has an ``AGENTS.override.md`` at its root, Codex reads that
+instead of ``AGENTS.md``, and so does ``inject``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from memory_mcp.errors import InvalidInput
+
+Agent = Literal["claude", "codex", "gemini"]
+AGENTS: tuple[Agent, ...] = ("claude", "codex", "gemini")
+PROMPT_FILES: dict[Agent, str] = {
+    "claude": "CLAUDE.md",
+    "codex": "AGENTS.md",
+    "gemini": "GEMINI.md",
+}
+IMPORT_LINES: dict[Agent, str | None] = {
+    "claude": "@.memory-mcp/brief.md",
+    "codex": None,  # AGENTS.md has no imports
+    "gemini": "@./.memory-mcp/brief.md",
+}
+BRIEF_DIR = ".memory-mcp"
+BRIEF_FILE = "brief.md"
+END = "<!-- memory-mcp:end -->"
+_BEGIN = re.compile(r"<!-- memory-mcp:begin lead=(\d) created=([01]) [^>]*-->")
+_NOTE = "managed by memory-mcp inject; edits inside are replaced"
+_BOM = "\ufeff"
+CODEX_DOC_LIMIT = 32 * 1024  # Codex's project_doc_max_bytes default
+
+Outcome = Literal["created", "updated", "unchanged", "removed", "absent"]
+
+
+@dataclass(frozen=True)
+class FileChange:
+    """What happened to one file."""
+
+    path: Path
+    outcome: Outcome
+    note: str = ""
+
+
+def prompt_file(root: Path, agent: Agent) -> Path:
+    """The prompt file ``agent`` reads at the project root."""
+    if agent == "codex" and (root / "AGENTS.override.md").exists():
+        return root / "AGENTS.override.md"
+    return root / PROMPT_FILES[agent]
+
+
+def _inside(root: Path, path: Path) -> Path:
+    """The real path of ``path``, which must stay inside ``root`` (symlinks resolved)."""
+    real_root = Path(os.path.realpath(root))
+    real = Path(os.path.realpath(path))
+    if real != real_root and real_root not in real.parents:
+        raise InvalidInput(
+            f"{path} resolves to {real}, outside the project root {real_root}; memory-mcp never "
+            "writes outside the project (remove the symlink or inject elsewhere)"
+        )
+    return real
+
+
+@dataclass
+class _Text:
+    """A prompt file's text, and how to write it back the same way."""
+
+    body: str  # without BOM, line endings as in the file
+    bom: bool
+    newline: str
+
+    @classmethod
+    def read(cls, path: Path) -> _Text | None:
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise InvalidInput(
+                f"{path} is not UTF-8 text; memory-mcp edits UTF-8 prompt files only"
+            ) from None
+        bom = text.startswith(_BOM)
+        if bom:
+            text = text[1:]
+        newline = "\r\n" if "\r\n" in text else "\n"
+        return cls(text, bom, newline)
+
+    def encode(self) -> bytes:
+        return ((_BOM if self.bom else "") + self.body).encode("utf-8")
+
+
+@dataclass(frozen=True)
+class _Block:
+    start: int  # where the lead line breaks begin
+    end: int  # after the end marker and its line break
+    lead: int
+    created: bool
+
+
+def _find(text: _Text, path: Path) -> _Block | None:
+    match = _BEGIN.search(text.body)
+    if match is None:
+        return None
+    end_at = text.body.find(END, match.end())
+    if end_at < 0:
+        raise InvalidInput(
+            f"{path} has a memory-mcp begin marker without its end marker; fix or remove the "
+            "block by hand, then inject again"
+        )
+    end = end_at + len(END)
+    if text.body.startswith(text.newline, end):
+        end += len(text.newline)
+    lead = int(match.group(1))
+    start = match.start() - lead * len(text.newline)
+    if start < 0 or text.body[start : match.start()] != text.newline * lead:
+        start, lead = match.start(), 0
+    return _Block(start, end, lead, match.group(2) == "1")
+
+
+def _render(content: str, newline: str, lead: int, created: bool) -> str:
+    lines = [f"<!-- memory-mcp:begin lead={lead} created={int(created)} {_NOTE} -->"]
+    lines.extend(content.rstrip("\n").split("\n"))
+    lines.append(END)
+    return newline * lead + newline.join(lines) + newline
+
+
+def _lead_for(body: str, newline: str) -> int:
+    """Line breaks to put before an appended block: end the user's line, then one blank."""
+    if not body:
+        return 0
+    return 1 if body.endswith(newline) else 2
+
+
+def _write(path: Path, data: bytes) -> None:
+    """Atomically replace ``path`` with ``data`` (keeping its permissions)."""
+    mode = path.stat().st_mode & 0o7777 if path.exists() else 0o644
+    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(temporary, mode)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def set_block(root: Path, path: Path, content: str) -> FileChange:
+    """Put ``content`` in the managed block of ``path`` (empty content: no block)."""
+    real = _inside(root, path)
+    current = _Text.read(real)
+    if current is None:
+        if not content.strip():
+            return FileChange(path, "absent")
+        text = _Text("", bom=False, newline="\n")
+        text.body = _render(content, "\n", 0, created=True)
+        real.parent.mkdir(parents=True, exist_ok=True)
+        _write(real, text.encode())
+        return FileChange(path, "created")
+    block = _find(current, path)
+    body = current.body
+    if not content.strip():
+        if block is None:
+            return FileChange(path, "absent")
+        return _remove(path, real, current, block)
+    nl = current.newline
+    content = content.replace("\r\n", "\n")
+    if block is None:
+        new_body = body + _render(content, nl, _lead_for(body, nl), created=False)
+    else:
+        rendered = _render(content, nl, block.lead, block.created)
+        new_body = body[: block.start] + rendered + body[block.end :]
+    if new_body == body:
+        return FileChange(path, "unchanged")
+    updated = _Text(new_body, current.bom, nl)
+    _write(real, updated.encode())
+    return FileChange(path, "updated")
+
+
+def remove_block(root: Path, path: Path) -> FileChange:
+    """Take the managed block out of ``path``, restoring it as it was before ``inject``."""
+    real = _inside(root, path)
+    current = _Text.read(real)
+    if current is None:
+        return FileChange(path, "absent")
+    block = _find(current, path)
+    if block is None:
+        return FileChange(path, "absent")
+    return _remove(path, real, current, block)
+
+
+def _remove(path: Path, real: Path, current: _Text, block: _Block) -> FileChange:
+    rest = current.body[: block.start] + current.body[block.end :]
+    if block.created and not rest and not current.bom:
+        real.unlink()
+        return FileChange(path, "removed", "created by inject")
+    _write(real, _Text(rest, current.bom, current.newline).encode())
+    return FileChange(path, "updated", "block removed")
+
+
+def write_brief_file(root: Path, text: str) -> FileChange:
+    """The git-ignored ``.memory-mcp/brief.md`` that prompt files import."""
+    folder = root / BRIEF_DIR
+    _inside(root, folder)
+    ignore = folder / ".gitignore"
+    target = folder / BRIEF_FILE
+    if not text.strip():
+        return remove_brief_file(root)
+    folder.mkdir(exist_ok=True)
+    if not ignore.exists():
+        _write(_inside(root, ignore), b"# Written by memory-mcp inject; not for git.\n*\n")
+    real = _inside(root, target)
+    data = text.encode("utf-8")
+    if real.exists() and real.read_bytes() == data:
+        return FileChange(target, "unchanged")
+    existed = real.exists()
+    _write(real, data)
+    return FileChange(target, "updated" if existed else "created")
+
+
+def remove_brief_file(root: Path) -> FileChange:
+    folder = root / BRIEF_DIR
+    target = folder / BRIEF_FILE
+    if not target.exists():
+        return FileChange(target, "absent")
+    _inside(root, target).unlink()
+    ignore = folder / ".gitignore"
+    if ignore.exists() and sorted(p.name for p in folder.iterdir()) == [".gitignore"]:
+        ignore.unlink()
+        folder.rmdir()
+    return FileChange(target, "removed")
+
+
+def inject(
+    root: Path, brief_text: str, agents: tuple[Agent, ...] = AGENTS, *, imports: bool = False
+) -> list[FileChange]:
+    """Write ``brief_text`` where each agent reads it at start; returns what changed.
+
+    Raises:
+        InvalidInput: a prompt file outside the root (symlink), not UTF-8, or with a
+            broken block.
+    """
+    for agent in agents:  # check every target before writing any
+        _inside(root, prompt_file(root, agent))
+    changes: list[FileChange] = []
+    importing = [a for a in agents if imports and IMPORT_LINES[a]]
+    if importing:
+        changes.append(write_brief_file(root, brief_text))
+    for agent in agents:
+        line = IMPORT_LINES[agent] if agent in importing else None
+        content = (line or "") if line and brief_text.strip() else brief_text
+        change = set_block(root, prompt_file(root, agent), content)
+        if agent == "codex" and change.outcome in ("created", "updated"):
+            size = prompt_file(root, agent).stat().st_size
+            if size > CODEX_DOC_LIMIT:
+                change = FileChange(
+                    change.path,
+                    change.outcome,
+                    f"{size:,} bytes: Codex reads only the first 32 KiB of AGENTS.md files",
+                )
+        changes.append(change)
+    return changes
+
+
+def uninject(root: Path, agents: tuple[Agent, ...] = AGENTS) -> list[FileChange]:
+    """Remove every managed block (and the brief file) ``inject`` wrote."""
+    changes = [remove_block(root, prompt_file(root, agent)) for agent in agents]
+    if not any(_has_block(prompt_file(root, a)) for a in AGENTS if IMPORT_LINES[a]):
+        gone = remove_brief_file(root)  # nothing imports it any more
+        if gone.outcome != "absent":
+            changes.append(gone)
+    return changes
+
+
+def _has_block(path: Path) -> bool:
+    try:
+        return _BEGIN.search(path.read_text(encoding="utf-8-sig")) is not None
+    except (OSError, UnicodeDecodeError):
+        return False

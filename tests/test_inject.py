@@ -1,0 +1,315 @@
+"""Injection into CLAUDE.md / AGENTS.md / GEMINI.md: exact, idempotent, reversible, contained."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import anyio
+import pytest
+
+from memory_mcp.brief import build_brief
+from memory_mcp.errors import InvalidInput
+from memory_mcp.inject import BRIEF_DIR, BRIEF_FILE, inject, prompt_file, uninject
+from memory_mcp.service import MemoryService, StoreRequest
+
+pytestmark = pytest.mark.anyio
+
+NOW = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
+COMMAND = str(Path(sys.executable).with_name("memory-mcp"))
+HAND_WRITTEN = {
+    "CLAUDE.md": b"# House rules\n\nUse tabs. Run `make test` before pushing.\n",
+    "AGENTS.md": b"\xef\xbb\xbf# Agents\r\n\r\nKeep PRs small.\r\nNo trailing newline here",
+    "GEMINI.md": b"Gemini: answer briefly.",
+}
+
+
+async def seed(memory: MemoryService, project: Path) -> None:
+    rng = random.Random(11)
+    words = [
+        "amber",
+        "birch",
+        "cedar",
+        "dahlia",
+        "elm",
+        "fern",
+        "grove",
+        "heath",
+        "iris",
+        "jade",
+        "kelp",
+        "lotus",
+        "moss",
+    ]
+    requests = [
+        StoreRequest("Ship the plugin API by March", kind="goal", cwd=project),
+        StoreRequest("Freeze schema, write migration, run beta", kind="plan", cwd=project),
+    ]
+    requests += [
+        StoreRequest(
+            " ".join(rng.sample(words, 5)) + f" note{n}",
+            cwd=project,
+            created_at=NOW - timedelta(hours=n),
+        )
+        for n in range(300)
+    ]
+    requests += [
+        StoreRequest(
+            f"Session {n}: " + " ".join(rng.sample(words, 4)),
+            kind="journal",
+            cwd=project,
+            agent="claude",
+            created_at=NOW - timedelta(minutes=n),
+        )
+        for n in range(40)
+    ]
+    await memory.store_many(requests)
+
+
+def snapshot(root: Path) -> dict[str, tuple[bytes, int]]:
+    return {
+        str(p.relative_to(root)): (p.read_bytes(), p.stat().st_mtime_ns)
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and ".git" not in p.parts
+    }
+
+
+async def brief_text(memory: MemoryService, project: Path) -> str:
+    return (await build_brief(memory, project, now=NOW, dated=True)).text
+
+
+async def test_inject_all_is_idempotent_and_uninject_restores_every_byte(
+    memory: MemoryService, project: Path
+) -> None:
+    await seed(memory, project)
+    for name, data in HAND_WRITTEN.items():
+        (project / name).write_bytes(data)
+    (project / "GEMINI.md").unlink()  # one file inject has to create
+    before = snapshot(project)
+    text = await brief_text(memory, project)
+
+    changes = inject(project, text)
+    assert [c.outcome for c in changes] == ["updated", "updated", "created"]
+    first = snapshot(project)
+    for name in ("CLAUDE.md", "AGENTS.md"):
+        data = (project / name).read_bytes()
+        original = HAND_WRITTEN[name]
+        assert data.startswith(original), "the user's text is untouched"
+        assert b"Project facts:" in data and b"Recent journal:" in data
+    assert (project / "AGENTS.md").read_bytes().count(b"\r\n") > 10, "CRLF kept in the block"
+    assert b"\n\n" not in (project / "AGENTS.md").read_bytes().replace(b"\r\n", b"")
+
+    await anyio.sleep(0.01)
+    again = inject(project, await brief_text(memory, project))
+    assert {c.outcome for c in again} == {"unchanged"}
+    assert snapshot(project) == first, "no byte and no mtime changed"
+
+    removed = uninject(project)
+    assert [c.outcome for c in removed] == ["updated", "updated", "removed"]
+    after = snapshot(project)
+    assert {k: v[0] for k, v in after.items()} == {k: v[0] for k, v in before.items()}
+    assert not (project / "GEMINI.md").exists()
+
+
+@pytest.mark.parametrize(
+    "original",
+    [
+        b"",
+        b"no newline at the end",
+        b"ends with newline\n",
+        b"two blank lines\n\n\n",
+        b"\xef\xbb\xbfBOM and LF\n",
+        b"\xef\xbb\xbfBOM, CRLF, no final newline\r\nsecond line",
+        b"crlf\r\n\r\n",
+        "accents \u00e9\u00e8 and emoji \U0001f600\n".encode(),
+    ],
+)
+def test_round_trip_keeps_encoding_line_endings_and_final_newline(
+    project: Path, original: bytes
+) -> None:
+    path = project / "CLAUDE.md"
+    path.write_bytes(original)
+    inject(project, "## Brief\n\n~~~text\nA fact\n~~~\n", ("claude",))
+    injected = path.read_bytes()
+    assert injected.startswith(original)
+    if b"\r\n" in original:
+        assert b"\n" not in injected.replace(b"\r\n", b"")
+    inject(project, "## Brief\n\n~~~text\nA changed fact\n~~~\n", ("claude",))
+    assert path.read_bytes().startswith(original)
+    uninject(project, ("claude",))
+    assert path.read_bytes() == original
+
+
+def test_text_the_user_adds_after_the_block_survives(project: Path) -> None:
+    path = project / "CLAUDE.md"
+    path.write_bytes(b"mine\n")
+    inject(project, "brief one\n", ("claude",))
+    path.write_bytes(path.read_bytes() + b"\nadded later\n")
+    inject(project, "brief two\n", ("claude",))
+    assert b"brief two" in path.read_bytes() and b"brief one" not in path.read_bytes()
+    uninject(project, ("claude",))
+    assert path.read_bytes() == b"mine\n\nadded later\n"
+
+
+def test_a_created_file_someone_wrote_in_is_kept(project: Path) -> None:
+    inject(project, "brief\n", ("gemini",))
+    path = project / "GEMINI.md"
+    path.write_bytes(path.read_bytes() + b"my own notes\n")
+    uninject(project, ("gemini",))
+    assert path.read_bytes() == b"my own notes\n"
+
+
+def test_an_empty_brief_adds_no_block_and_removes_an_old_one(project: Path) -> None:
+    assert [c.outcome for c in inject(project, "", ("claude",))] == ["absent"]
+    assert not (project / "CLAUDE.md").exists()
+    (project / "CLAUDE.md").write_bytes(b"rules\n")
+    inject(project, "brief\n", ("claude",))
+    inject(project, "", ("claude",))
+    assert (project / "CLAUDE.md").read_bytes() == b"rules\n"
+
+
+def test_a_prompt_file_linking_outside_the_root_is_refused(project: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "elsewhere.md"
+    outside.write_bytes(b"not yours\n")
+    (project / "CLAUDE.md").symlink_to(outside)
+    (project / "GEMINI.md").write_bytes(b"untouched\n")
+    with pytest.raises(InvalidInput, match="outside the project root"):
+        inject(project, "brief\n")
+    assert outside.read_bytes() == b"not yours\n"
+    assert (project / "GEMINI.md").read_bytes() == b"untouched\n", "refused before any write"
+    with pytest.raises(InvalidInput, match="outside the project root"):
+        uninject(project, ("claude",))
+
+
+def test_a_symlink_inside_the_root_edits_its_target(project: Path) -> None:
+    (project / "docs").mkdir()
+    target = project / "docs" / "AGENTS.md"
+    target.write_bytes(b"shared rules\n")
+    (project / "AGENTS.md").symlink_to(target)
+    inject(project, "brief\n", ("codex",))
+    assert (project / "AGENTS.md").is_symlink()
+    assert b"brief" in target.read_bytes()
+    uninject(project, ("codex",))
+    assert target.read_bytes() == b"shared rules\n"
+
+
+def test_non_utf8_files_are_refused(project: Path) -> None:
+    (project / "CLAUDE.md").write_bytes("caf\u00e9\n".encode("latin-1"))
+    with pytest.raises(InvalidInput, match="not UTF-8"):
+        inject(project, "brief\n", ("claude",))
+
+
+def test_codex_reads_an_override_file_first(project: Path) -> None:
+    (project / "AGENTS.override.md").write_bytes(b"override\n")
+    assert prompt_file(project, "codex") == project / "AGENTS.override.md"
+    inject(project, "brief\n", ("codex",))
+    assert b"brief" in (project / "AGENTS.override.md").read_bytes()
+    assert not (project / "AGENTS.md").exists()
+
+
+def test_import_mode_keeps_the_brief_out_of_committed_files(project: Path) -> None:
+    (project / "CLAUDE.md").write_bytes(b"rules\n")
+    inject(project, "## Brief\nfacts v1\n", imports=True)
+    claude = (project / "CLAUDE.md").read_bytes()
+    gemini = (project / "GEMINI.md").read_bytes()
+    assert b"@.memory-mcp/brief.md" in claude and b"facts" not in claude
+    assert b"@./.memory-mcp/brief.md" in gemini and b"facts" not in gemini
+    assert b"facts v1" in (project / "AGENTS.md").read_bytes(), "Codex has no imports"
+    brief = project / BRIEF_DIR / BRIEF_FILE
+    assert brief.read_text() == "## Brief\nfacts v1\n"
+    assert (project / BRIEF_DIR / ".gitignore").read_text().splitlines()[-1] == "*"
+    stamp = (project / "CLAUDE.md").stat().st_mtime_ns
+    inject(project, "## Brief\nfacts v2\n", imports=True)
+    assert (project / "CLAUDE.md").stat().st_mtime_ns == stamp, "the import line is stable"
+    assert "facts v2" in brief.read_text()
+    uninject(project)
+    assert (project / "CLAUDE.md").read_bytes() == b"rules\n"
+    assert not (project / BRIEF_DIR).exists()
+    assert not (project / "GEMINI.md").exists() and not (project / "AGENTS.md").exists()
+
+
+# memory-mcp run ------------------------------------------------------------------------
+
+STAND_IN = """#!{python}
+import os, signal, sys, time
+from pathlib import Path
+record = Path(os.environ["STAND_IN_RECORD"])
+prompt = Path("{prompt}")
+record.write_text(repr((sys.argv, prompt.read_text() if prompt.exists() else None)))
+if "--wait" in sys.argv:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(42))
+    Path(str(record) + ".ready").touch()
+    time.sleep(60)
+sys.exit(int(os.environ.get("STAND_IN_EXIT", "0")))
+"""
+
+
+def stand_in(tmp_path: Path, name: str, prompt: Path) -> dict[str, str]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    script = bin_dir / name
+    script.write_text(STAND_IN.format(python=sys.executable, prompt=prompt))
+    script.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMORY_MCP_")}
+    env.update(
+        PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        MEMORY_MCP_DATA_DIR=os.environ["MEMORY_MCP_DATA_DIR"],
+        STAND_IN_RECORD=str(tmp_path / "record.txt"),
+    )
+    return env
+
+
+def test_run_refreshes_the_brief_then_becomes_the_cli(project: Path, tmp_path: Path) -> None:
+    env = stand_in(tmp_path, "codex", project / "AGENTS.md")
+    subprocess.run(
+        [COMMAND, "store", "--kind", "decision", "Release from main only"],
+        cwd=project,
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+    result = subprocess.run(
+        [COMMAND, "run", "codex", "--", "--model", "o4", "exec", "fix it"],
+        cwd=project,
+        env={**env, "STAND_IN_EXIT": "7"},
+        capture_output=True,
+        timeout=60,
+    )
+    assert result.returncode == 7
+    argv, prompt = eval((tmp_path / "record.txt").read_text())
+    assert argv[1:] == ["--model", "o4", "exec", "fix it"]
+    assert "Release from main only" in prompt
+    assert not (project / "CLAUDE.md").exists(), "only the started CLI's file"
+
+
+def test_run_passes_signals_to_the_cli(project: Path, tmp_path: Path) -> None:
+    env = stand_in(tmp_path, "claude", project / "CLAUDE.md")
+    process = subprocess.Popen(
+        [COMMAND, "run", "claude", "--", "--wait"],
+        cwd=project,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    ready = Path(str(tmp_path / "record.txt") + ".ready")
+    deadline = time.monotonic() + 60
+    while not ready.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ready.exists()
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=30) == 42
+
+
+def test_run_without_the_cli_installed_says_so(project: Path, tmp_path: Path) -> None:
+    env = stand_in(tmp_path, "codex", project / "AGENTS.md")
+    result = subprocess.run(
+        [COMMAND, "run", "gemini"], cwd=project, env=env, capture_output=True, timeout=60
+    )
+    assert result.returncode == 127
+    assert b"cannot start gemini" in result.stderr
