@@ -391,3 +391,76 @@ async def test_a_bad_or_stale_handshake_cache_is_relearned(
     learned = json.loads(cache.read_text())
     assert learned["key"] == cache_key()
     assert len(learned["tools_list"]["tools"]) == len(tools.tools)
+
+
+def call_tool(process: subprocess.Popen[bytes], request_id: int, name: str, **args: Any) -> None:
+    send(
+        process,
+        {
+            "jsonrpc": "2.0",
+            "id": request_id,
+            "method": "tools/call",
+            "params": {"name": name, "arguments": args},
+        },
+    )
+
+
+def test_a_server_that_cannot_start_answers_pending_requests_with_an_error(
+    env: dict[str, str], project: Path
+) -> None:
+    with raw_server(env, project) as process:  # learn the handshake cache
+        handshake(process)
+        send(process, {"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
+        assert "tools" in receive(process)["result"]
+    broken = {**env, "MEMORY_MCP_STORAGE_DRIVER": "bogus"}
+    with raw_server(broken, project) as process:
+        handshake(process)  # answered from the cache
+        call_tool(process, 2, "memory_search", query="anything")
+        answer = receive(process)
+        assert answer["id"] == 2
+        assert "memory-mcp stopped" in answer["error"]["message"]
+        assert process.wait(timeout=60) == 78
+        assert process.stderr is not None
+        assert b"storage.driver" in process.stderr.read()
+
+
+def test_malformed_client_messages_do_not_break_the_session(
+    env: dict[str, str], project: Path
+) -> None:
+    with raw_server(env, project) as process:
+        handshake(process)
+        assert process.stdin is not None
+        send(process, {"jsonrpc": "2.0", "id": 3, "method": "tools/list", "params": [1]})
+        process.stdin.write(b"[" * 100_000 + b"\n")
+        process.stdin.write(b"{not json\n")
+        process.stdin.flush()
+        answers = {}
+        call_tool(process, 4, "memory_store", content="Still works after garbage")
+        while 4 not in answers:
+            message = receive(process)
+            answers[message.get("id")] = message
+        assert not answers[4]["result"]["isError"]
+        process.stdin.close()
+        assert process.wait(timeout=30) == 0
+
+
+def test_a_client_that_stops_reading_ends_the_session_cleanly(
+    env: dict[str, str], project: Path
+) -> None:
+    with raw_server(env, project) as process:
+        handshake(process)
+        assert process.stdout is not None and process.stdin is not None
+        process.stdout.close()
+        call_tool(process, 5, "memory_store", content="Nobody reads this answer")
+        assert process.wait(timeout=30) == 0
+        assert process.stderr is not None
+        assert b"Traceback" not in process.stderr.read()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_http_stops_cleanly_on_a_signal(
+    env: dict[str, str], project: Path, signum: signal.Signals
+) -> None:
+    with http_server(env, project, "streamable-http") as (_, process):
+        process.send_signal(signum)
+        assert process.wait(timeout=30) == 0

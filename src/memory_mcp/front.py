@@ -31,6 +31,7 @@ import select
 import signal
 import sys
 import threading
+import traceback
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -119,6 +120,8 @@ class Front:
         self._cache = self._load()
         self._learned: dict[str, Any] = {}
         self._expected: dict[str, tuple[str, Any]] = {}  # request id -> (method, answer sent)
+        self._pending: dict[str, Any] = {}  # requests passed to the server, not yet answered
+        self._client_gone = False
         self._handshake = False
         self.versions: list[str] = []  # the SDK's handshake versions, set by the server thread
 
@@ -144,20 +147,24 @@ class Front:
 
     def relay_client(self) -> None:
         """Read the client's messages until stdin ends, answering the handshake if cached."""
-        with open(self._client_in, "rb", buffering=0, closefd=False) as raw:
-            for line in _lines(raw):
-                self._from_client(line)
-        self.close_server_input()
+        try:
+            with open(self._client_in, "rb", buffering=0, closefd=False) as raw:
+                for line in _lines(raw):
+                    self._from_client(line)
+        finally:
+            self.close_server_input()  # whatever happened, the server's session ends
 
     def _from_client(self, line: bytes) -> None:
         try:
             message = json.loads(line)
-        except ValueError:
-            message = None
-        if isinstance(message, dict) and "id" in message:
+        except (ValueError, RecursionError):
+            message = None  # the server answers a parse error itself
+        if isinstance(message, dict) and "id" in message and "method" in message:
+            self._pending[_id_key(message)] = message["id"]
             method = message.get("method")
-            params = message.get("params") or {}
-            if method == "initialize" and isinstance(params, dict):
+            params = message.get("params")
+            params = params if isinstance(params, dict) else {}
+            if method == "initialize":
                 self._handshake = True
                 self._answer(message, "initialize", self._initialize_result(params))
             elif method == "tools/list" and self._handshake and not params.get("cursor"):
@@ -176,14 +183,17 @@ class Front:
     def _answer(self, message: dict[str, Any], method: str, result: Any) -> None:
         self._expected[_id_key(message)] = (method, result)
         if result is not None:
+            self._pending.pop(_id_key(message), None)  # answered here
             self._to_client({"jsonrpc": "2.0", "id": message["id"], "result": result})
 
     def _to_server(self, line: bytes) -> None:
         with self._in_lock:
             if self._server_in is None:
                 return
+            view = memoryview(line)
             try:
-                os.write(self._server_in, line)
+                while view:
+                    view = view[os.write(self._server_in, view) :]
             except OSError:
                 self._server_in = None
 
@@ -214,6 +224,8 @@ class Front:
             message = json.loads(line)
         except ValueError:
             message = None
+        if isinstance(message, dict) and "id" in message and "method" not in message:
+            self._pending.pop(_id_key(message), None)
         if (
             isinstance(message, dict)
             and "id" in message
@@ -231,6 +243,10 @@ class Front:
 
     def _learn(self, method: str, result: Any) -> None:
         if not isinstance(result, dict):
+            return
+        if method == "tools/list" and not isinstance(result.get("tools"), list):
+            return
+        if method == "initialize" and not isinstance(result.get("serverInfo"), dict):
             return
         if method == "initialize":
             self._learned["initialize"] = {
@@ -263,10 +279,28 @@ class Front:
 
     def _write_client(self, data: bytes) -> None:
         with self._out_lock:
+            if self._client_gone:
+                return
             view = memoryview(data)
-            while view:
-                written = os.write(self._client_out, view)
-                view = view[written:]
+            try:
+                while view:
+                    view = view[os.write(self._client_out, view) :]
+            except OSError:  # the client closed its end: end the session cleanly
+                self._client_gone = True
+        if self._client_gone:
+            self.close_server_input()
+
+    def fail_pending(self, reason: str) -> None:
+        """Answer every request the server left unanswered (it ended early) with an error."""
+        for request_id in list(self._pending.values()):
+            self._to_client(
+                {
+                    "jsonrpc": "2.0",
+                    "id": request_id,
+                    "error": {"code": -32603, "message": f"memory-mcp stopped: {reason}"},
+                }
+            )
+        self._pending.clear()
 
 
 def _lines(raw: Any, wake: int | None = None) -> Any:
@@ -315,14 +349,18 @@ def run(cwd: str | None) -> NoReturn:
     os.close(to_server_r)
     os.close(from_server_w)
     front = Front(client_in, client_out, to_server_w, from_server_r)
-    exit_code = [0]
+    exit_code = [1]
 
     def server() -> None:
-        from memory_mcp.serve import serve_behind_front
-
+        code = 1
         try:
-            exit_code[0] = serve_behind_front(cwd, front)
+            from memory_mcp.serve import serve_behind_front
+
+            code = serve_behind_front(cwd, front)
+        except BaseException:
+            traceback.print_exc(file=sys.stderr)
         finally:
+            exit_code[0] = code
             os.write(1, _END)  # fd 1 is the pipe again once the SDK's stdio has ended
             os.dup2(2, 1)
 
@@ -341,5 +379,7 @@ def run(cwd: str | None) -> NoReturn:
     worker.start()
     front.relay_server(_signal_wakeup())
     worker.join(timeout=10)
+    if exit_code[0] != 0:
+        front.fail_pending(f"the server exited with status {exit_code[0]}; see its stderr")
     sys.stderr.flush()
     os._exit(exit_code[0])

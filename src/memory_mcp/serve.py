@@ -24,9 +24,10 @@ import hmac
 import ipaddress
 import json
 import logging
+import signal
 import socket
 import sys
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -114,29 +115,34 @@ class BearerAuth:
 
     def __init__(self, app: ASGIApp, token: str) -> None:
         self.app = app
-        self._expected = f"Bearer {token}".encode()
+        self._token = token.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            given = b""
-            for name, value in scope.get("headers", []):
-                if name.lower() == b"authorization":
-                    given = value
-            if not hmac.compare_digest(given, self._expected):
-                body = json.dumps({"error": "a valid bearer token is required"}).encode()
-                await send(
-                    {
-                        "type": "http.response.start",
-                        "status": 401,
-                        "headers": [
-                            (b"content-type", b"application/json"),
-                            (b"www-authenticate", b'Bearer realm="memory-mcp"'),
-                            (b"content-length", str(len(body)).encode()),
-                        ],
-                    }
-                )
-                await send({"type": "http.response.body", "body": body})
-                return
+        if scope["type"] == "lifespan":
+            await self.app(scope, receive, send)
+            return
+        if scope["type"] != "http":  # websockets and anything newer: not served
+            return
+        given = b""
+        for name, value in scope.get("headers", []):
+            if name.lower() == b"authorization":
+                given = value
+        scheme, _, token = given.partition(b" ")
+        if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self._token):
+            body = json.dumps({"error": "a valid bearer token is required"}).encode()
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 401,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"www-authenticate", b'Bearer realm="memory-mcp"'),
+                        (b"content-length", str(len(body)).encode()),
+                    ],
+                }
+            )
+            await send({"type": "http.response.body", "body": body})
+            return
         await self.app(scope, receive, send)
 
 
@@ -219,6 +225,27 @@ async def _serve_http(
             await super().startup(sockets=sockets)
             if self.started and ready is not None:
                 ready(f"serving MCP over {transport} at {url} ({memory.db.path})")
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            """Stop gracefully on SIGINT / SIGTERM and return, so the store closes.
+
+            (uvicorn's own version raises the signal again afterwards, which kills
+            the process before the store is closed.)
+            """
+
+            def stop(signum: int, _frame: object) -> None:
+                if self.should_exit and signum == signal.SIGINT:
+                    self.force_exit = True
+                self.should_exit = True
+
+            stoppers = (signal.SIGINT, signal.SIGTERM)
+            previous = {signum: signal.signal(signum, stop) for signum in stoppers}
+            try:
+                yield
+            finally:
+                for signum, handler in previous.items():
+                    signal.signal(signum, handler)
 
     http = Http(config)
     with contextlib.suppress(SystemExit):  # uvicorn exits when it cannot bind
