@@ -208,9 +208,8 @@ def test_age(seconds: int, text: str) -> None:
 
 
 async def test_top_by_prior_matches_ranking_every_record(
-    memory: MemoryService, project: Path, monkeypatch: pytest.MonkeyPatch
+    memory: MemoryService, project: Path
 ) -> None:
-    monkeypatch.setattr(brief_module, "_PAGE", 7)  # many pages
     rng = random.Random(3)
     key = str(project_root(project))
     kinds = ["fact", "decision", "gotcha", "preference", "procedure"]
@@ -241,14 +240,15 @@ async def test_top_by_prior_matches_ranking_every_record(
         assert [r.id for r in found] == [r.id for r in expected[:count]]
 
 
-async def test_the_prior_bound_is_an_upper_bound(memory: MemoryService, project: Path) -> None:
-    await seed(memory, project, facts=60, journal=0)
+async def test_the_sql_prior_is_the_rankers_prior(memory: MemoryService, project: Path) -> None:
+    await seed(memory, project, facts=60, journal=5)
+    await memory.store("Always pin versions: a bug bit us", kind="gotcha", cwd=project)
     key = str(project_root(project))
     julian = NOW.timestamp() / 86400 + 2440587.5
-    order, params = ranker.sql_prior_bound(memory.ranking, julian)
+    order, params = ranker.sql_prior(memory.ranking, julian)
     rows = await memory.db.ordered(
-        Filters(scope_keys=(key,), corpora=("facts", "docs")), order, params, 1000
+        Filters(scope_keys=(key,), corpora=("facts", "docs", "journal")), order, params, 1000
     )
-    assert rows
-    for record, bound in rows:
-        assert bound >= ranker.prior(record, NOW, memory.ranking) - 1e-9
+    assert len(rows) > 60
+    for record, value in rows:
+        assert value == pytest.approx(ranker.prior(record, NOW, memory.ranking), abs=1e-9)

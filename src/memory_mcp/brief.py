@@ -35,7 +35,6 @@ from memory_mcp.service import MemoryService
 from memory_mcp.storage.base import Filters
 
 TITLE = "## Project memory (memory-mcp)"
-_PAGE = 200
 _JULIAN_UNIX_EPOCH = 2440587.5
 
 
@@ -81,30 +80,18 @@ async def top_by_prior(
 ) -> list[Record]:
     """The ``count`` current records with the highest prior, best first (ties by id).
 
-    Reads records in order of an upper bound of the prior
-    (``ranker.sql_prior_bound``) and stops once no later record can beat the
-    ``count``-th exact prior found so far.
+    SQLite computes the prior of every candidate (``ranker.sql_prior``, the same
+    formula) and returns the best few; they are re-ranked with ``ranker.prior``
+    itself, so floating-point differences between the two cannot change the order.
     """
     if count <= 0:
         return []
     config = memory.ranking
     julian = now.timestamp() / 86400 + _JULIAN_UNIX_EPOCH
-    order, params = ranker.sql_prior_bound(config, julian)
-    best: list[tuple[float, str, Record]] = []
-    offset = 0
-    while True:
-        page = await memory.db.ordered(filters, order, params, _PAGE, offset)
-        for record, _bound in page:
-            best.append((ranker.prior(record, now, config), record.id, record))
-        best.sort(key=lambda item: (-item[0], item[1]))
-        del best[count:]
-        if len(page) < _PAGE:
-            break
-        next_bound = page[-1][1]
-        if len(best) == count and next_bound < best[-1][0] - 1e-9:
-            break
-        offset += _PAGE
-    return [record for _, _, record in best]
+    order, params = ranker.sql_prior(config, julian)
+    rows = await memory.db.ordered(filters, order, params, 2 * count + 10)
+    ranked = sorted(rows, key=lambda row: (-ranker.prior(row[0], now, config), row[0].id))
+    return [record for record, _ in ranked[:count]]
 
 
 async def build_brief(

@@ -130,11 +130,11 @@ def _with_memory(
     Args:
         no_embedder: work that never embeds (the brief) does not load a model.
     """
-    loaded = _settings(cwd)
-    if no_embedder:
-        loaded.settings.embedder.backend = "bm25"
 
     async def work() -> T:
+        loaded = _settings(cwd)
+        if no_embedder:
+            loaded.settings.embedder.backend = "bm25"
         async with _open_memory(loaded, database, wait, needs_vectors) as memory:
             return await use(memory)
 
@@ -801,6 +801,31 @@ def bench_launch(
     out.print(
         f"{len(result.warm)} launches: median {result.median:.3f} s, "
         f"min {min(result.warm):.3f} s, max {max(result.warm):.3f} s"
+    )
+
+
+@bench_app.command("brief")
+def bench_brief(
+    facts: Annotated[int, typer.Option(min=0, max=1_000_000, help="Facts in the store.")] = 50_000,
+    runs: Annotated[int, typer.Option(min=1, max=1000, help="Timed runs.")] = 10,
+    as_json: JsonOption = False,
+) -> None:
+    """Time building the spawn brief and injecting it, at a number of facts."""
+    from memory_mcp.bench.brief import run_brief_bench
+
+    async def work() -> Any:
+        with _progress("runs", runs) as report:
+            return await run_brief_bench(facts, runs=runs, progress=report)
+
+    result = _run(work)
+    if as_json:
+        _print_json(result.to_json())
+        return
+    data = result.to_json()
+    out.print(
+        f"{facts:,} facts (written in {data['populate_s']} s): brief + inject first "
+        f"{data['first_ms']} ms, median {data['median_ms']} ms, max {data['max_ms']} ms "
+        f"over {runs} runs; brief {data['brief_tokens']} tokens"
     )
 
 

@@ -62,13 +62,17 @@ class RankerConfig:
         return self.durable_half_life_days if kind in DURABLE_KINDS else self.half_life_days
 
 
+def emphasis(text: str) -> int:
+    """How many emphatic words (never, always, must, bug, ...) the text has, at most 3."""
+    return min(3, len(_EMPHATIC.findall(text)))
+
+
 def importance(record: Record) -> float:
     """Explicit importance, else inferred from the kind and emphatic words."""
     if record.importance is not None:
         return record.importance
     base = KIND_IMPORTANCE.get(record.kind, 0.5)
-    emphasis = min(3, len(_EMPHATIC.findall(record.content)))
-    return min(1.0, base + 0.1 * emphasis)
+    return min(1.0, base + 0.1 * emphasis(record.content))
 
 
 def recency(record: Record, now: datetime, half_life_days: float) -> float:
@@ -98,17 +102,18 @@ def score(relevance: float, prior_value: float, config: RankerConfig) -> float:
     return (1 - w) * relevance + w * prior_value
 
 
-def sql_prior_bound(config: RankerConfig, now_julian: float) -> tuple[str, list[object]]:
-    """An SQL expression over ``records r`` that is at least ``prior`` for every record.
+def sql_prior(config: RankerConfig, now_julian: float) -> tuple[str, list[object]]:
+    """``prior`` as an SQL expression over ``records r`` (with its parameters).
 
-    It takes reinforcement at its maximum and inferred importance with the most
-    emphasis it can get, so ordering by it and computing the exact prior on the
-    way down finds the top records by prior without reading every record (the
-    spawn brief at 50,000 facts). ``now_julian`` is the current time as a
-    julian day number.
+    The same formula as ``prior``, term for term, reading the emphasis count
+    stored with each record (``emphasis``), so the spawn brief can take the top
+    records by prior from SQLite without reading every record into Python.
+    ``now_julian`` is the current time as a julian day number.
     """
     kinds = " ".join(f"WHEN '{kind}' THEN {value}" for kind, value in KIND_IMPORTANCE.items())
-    importance = f"COALESCE(r.importance, MIN(1.0, (CASE r.kind {kinds} ELSE 0.5 END) + 0.3))"
+    importance = (
+        f"COALESCE(r.importance, MIN(1.0, (CASE r.kind {kinds} ELSE 0.5 END) + 0.1 * r.emphasis))"
+    )
     durable = ", ".join(f"'{kind}'" for kind in sorted(DURABLE_KINDS))
     age = "MAX(0.0, ? - julianday(r.created_at))"
     half_life = f"(CASE WHEN r.kind IN ({durable}) THEN ? ELSE ? END)"
@@ -116,5 +121,8 @@ def sql_prior_bound(config: RankerConfig, now_julian: float) -> tuple[str, list[
     recency = (
         f"(CASE WHEN r.pinned THEN 1.0 ELSE {RECENCY_FLOOR} + {1 - RECENCY_FLOOR} * {decay} END)"
     )
+    signal = "(r.fold_count + r.access_count / 2.0)"
+    reinforcement = f"(1.0 - 1.0 / (1.0 + {signal} / 3.0))"
+    boost = f"({REINFORCEMENT_FLOOR} + {1 - REINFORCEMENT_FLOOR} * {reinforcement})"
     params: list[object] = [now_julian, config.durable_half_life_days, config.half_life_days]
-    return f"{importance} * {recency}", params
+    return f"{importance} * {recency} * {boost}", params

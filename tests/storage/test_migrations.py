@@ -98,3 +98,18 @@ async def test_the_database_is_in_wal_mode_and_private_to_its_owner(tmp_path: Pa
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert stat.S_IMODE(db.stat().st_mode) == 0o600
     assert stat.S_IMODE(db.parent.stat().st_mode) == 0o700
+
+
+def test_m002_counts_emphasis_of_existing_records(tmp_path: Path) -> None:
+    db = tmp_path / "m.db"
+    conn = connect(str(db))
+    migrate(conn, db_path=db, connect=connect, migrations=MIGRATIONS[:1])
+    conn.execute(
+        "INSERT INTO records (id, corpus, kind, scope, scope_key, content, content_hash, agent, "
+        "created_at, updated_at) VALUES ('f_1', 'facts', 'fact', 'global', '', "
+        "'Never push on Fridays, always tag: a bug', 'h', 'cli', 'x', 'x')"
+    )
+    conn.commit()
+    assert migrate(conn, db_path=db, connect=connect) == ["m002_emphasis"]
+    assert conn.execute("SELECT emphasis FROM records").fetchone() == (3,)
+    assert list(tmp_path.glob("m.db.backup-*-before-m002_emphasis"))

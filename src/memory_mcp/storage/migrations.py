@@ -157,7 +157,32 @@ CREATE TABLE store_meta (
 );
 """
 
-MIGRATIONS: tuple[Migration, ...] = (Migration("m001_records", _script(M001_RECORDS)),)
+
+def _m002_emphasis(conn: sqlite3.Connection) -> None:
+    """Store each record's emphatic-word count, so SQL can compute the ranker's prior.
+
+    The index of current records by scope and corpus also carries every column
+    the prior reads, so the spawn brief ranks 50,000 facts from the index alone.
+    """
+    from memory_mcp.ranker import emphasis
+
+    conn.execute("ALTER TABLE records ADD COLUMN emphasis INTEGER NOT NULL DEFAULT 0")
+    conn.execute("DROP INDEX records_live")
+    conn.execute(
+        "CREATE INDEX records_live ON records (scope_key, corpus, live, created_at, kind, "
+        "importance, emphasis, pinned, fold_count, access_count, id)"
+    )
+    rows = conn.execute("SELECT seq, content FROM records").fetchall()
+    conn.executemany(
+        "UPDATE records SET emphasis = ? WHERE seq = ?",
+        [(emphasis(content), seq) for seq, content in rows if emphasis(content)],
+    )
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration("m001_records", _script(M001_RECORDS)),
+    Migration("m002_emphasis", _m002_emphasis),
+)
 
 
 def applied_migrations(conn: sqlite3.Connection) -> list[str]:
@@ -211,7 +236,7 @@ def migrate(
             if migration.name in done:
                 conn.execute("COMMIT")
                 continue
-            if done and db_path is not None and not backed_up:
+            if done and not applied_now and db_path is not None and not backed_up:
                 backup = backup_before(db_path, migration.name, connect)
                 log.warning("backed up %s to %s before migrating", db_path, backup)
                 backed_up = True

@@ -36,6 +36,7 @@ import numpy as np
 from memory_mcp.errors import StorageError
 from memory_mcp.lexical import fts_query
 from memory_mcp.passages import MAX_PASSAGES
+from memory_mcp.ranker import emphasis
 from memory_mcp.records import Conflict, MergedEntry, Record, content_hash
 from memory_mcp.storage.base import Filters, Scored, StoreStats, Vector
 from memory_mcp.storage.driver import Driver, DriverName, choose_driver
@@ -128,6 +129,7 @@ def _record_params(record: Record, digest: str) -> tuple[Any, ...]:
         json.dumps(record.meta, ensure_ascii=False),
         record.archived_at,
         record.archived_reason,
+        emphasis(record.content),
     )
 
 
@@ -135,7 +137,7 @@ _INSERT = (
     "INSERT INTO records (id, corpus, kind, scope, scope_key, content, content_hash, tags, "
     "importance, pinned, agent, created_at, updated_at, access_count, last_access_at, "
     "fold_count, merged_from, merged_text, supersedes, replaced_by, embedder, meta, "
-    "archived_at, archived_reason) VALUES (" + ", ".join("?" * 24) + ")"
+    "archived_at, archived_reason, emphasis) VALUES (" + ", ".join("?" * 25) + ")"
 )
 
 
@@ -588,9 +590,12 @@ class SqliteStore:
     ) -> list[tuple[Record, float]]:
         """Current records by an SQL expression over ``records r``, highest first, with it."""
         where, where_params = _where(filters)
+        # Rank on (seq, value) alone, then read the few winners whole: sorting whole
+        # rows would copy every record's text and JSON into the sorter.
         rows = await self._queries._fetch(
-            f"SELECT {_SELECT}, {order_sql} AS o FROM records r WHERE {where} "
-            "ORDER BY o DESC, r.id LIMIT ? OFFSET ?",
+            f"SELECT {_SELECT}, t.o FROM (SELECT r.seq AS seq, r.id AS id, {order_sql} AS o "
+            f"FROM records r WHERE {where} ORDER BY o DESC, r.id LIMIT ? OFFSET ?) t "
+            "JOIN records r ON r.seq = t.seq ORDER BY t.o DESC, t.id",
             [*params, *where_params, limit, offset],
         )
         return [(_record(row), float(row[-1])) for row in rows]
