@@ -439,3 +439,22 @@ async def test_on_the_lexical_floor_chunks_are_stored_without_vectors(
         result = await memory.search("pelican Fly.io", cwd=project, corpora=("knowledge",))
         assert result.mode == "lexical"
         assert result.hits[0].record.meta["path"] == "docs/a/b.md"
+
+
+@pytest.mark.anyio
+async def test_the_injected_brief_is_never_ingested_and_does_not_count_as_a_change(
+    memory: MemoryService, project: Path
+) -> None:
+    from memory_mcp.inject import inject
+
+    (project / "CLAUDE.md").write_text("# Rules\n\nUse tabs for indentation.\n")
+    inject(project, "## Brief\n\n~~~text\nSECRET-LOOKING BRIEF LINE\n~~~\n", ("claude",))
+    first = await ingest(memory, project)
+    assert first.changed == 1
+    chunks = await memory.db.current(
+        Filters(scope_keys=(str(project_root(project)),), corpora=("knowledge",)), 100
+    )
+    assert chunks and all("BRIEF LINE" not in c.content for c in chunks)
+    inject(project, "## Brief\n\n~~~text\nanother brief\n~~~\n", ("claude",))
+    again = await ingest(memory, project)
+    assert again.changed == 0 and again.unchanged == 1

@@ -7,7 +7,8 @@ heading-aware chunks and stores them as ``chunk`` records of the project scope:
     async with MemoryService.open(settings) as memory:
         summary = await ingest(memory, project_root(cwd))
 
-Only what changed is re-chunked. Every chunk carries the sha256 of its file in
+Only what changed is re-chunked. Every chunk carries the sha256 of its file's
+text (without any block ``inject`` wrote, which is never ingested) in
 ``meta["file_hash"]``; a file whose hash matches its chunks is not touched. A
 changed file is one write transaction: its old chunks are archived and the new
 ones inserted together, so an interrupted run never leaves a file half-indexed
@@ -34,6 +35,7 @@ from typing import Protocol
 import anyio
 
 from memory_mcp.errors import InvalidInput, NotFound
+from memory_mcp.inject import without_blocks
 from memory_mcp.records import Record, format_time
 from memory_mcp.scope import Scope
 from memory_mcp.secret_scan import redact
@@ -475,15 +477,18 @@ async def _ingest_file(
     data = await anyio.to_thread.run_sync(_read, path)
     if isinstance(data, str):
         return await _skip(memory, scope, rel, old, data)
-    digest = hashlib.sha256(data).hexdigest()
-    if _same_file(old, digest):
-        return _Outcome()
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         return await _skip(memory, scope, rel, old, "not UTF-8 text")
     if "\x00" in text:
         return await _skip(memory, scope, rel, old, "not UTF-8 text (binary: NUL bytes)")
+    # The brief inject writes into prompt files is not knowledge: it is left out, and
+    # its changes do not count as changes to the file.
+    text = without_blocks(text)
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    if _same_file(old, digest):
+        return _Outcome()
     is_markdown = path.suffix.lower() in MARKDOWN_SUFFIXES
     chunks = chunk_markdown(text, size) if is_markdown else chunk_text(text, size)
     try:

@@ -306,6 +306,16 @@ def uninject(root: Path, agents: tuple[Agent, ...] = AGENTS) -> list[FileChange]
     return changes
 
 
+def without_blocks(text: str) -> str:
+    """``text`` with every managed block taken out (what ingest may read of a prompt file)."""
+    doc = _Text(
+        text[1:] if text.startswith(_BOM) else text, False, "\r\n" if "\r\n" in text else "\n"
+    )
+    while (block := _find(doc, Path("prompt file"))) is not None:
+        doc.body = doc.body[: block.start] + doc.body[block.end :]
+    return doc.body
+
+
 def _has_block(path: Path) -> bool:
     try:
         return _BEGIN.search(path.read_text(encoding="utf-8-sig")) is not None
