@@ -37,6 +37,7 @@ from memory_mcp.service import MemoryService, Status
 
 if TYPE_CHECKING:
     from memory_mcp.inject import Agent, FileChange
+    from memory_mcp.install import ConfigChange, InstallScope
 
 T = TypeVar("T")
 
@@ -531,6 +532,87 @@ def run(
     except OSError as exc:
         err.print(f"error: cannot start {program}: {exc.strerror} (is it installed and on PATH?)")
         raise typer.Exit(127) from None
+
+
+ScopeOption = Annotated[
+    str,
+    typer.Option(
+        "--scope",
+        help="user: your own configuration, every project; project: this repository's files.",
+    ),
+]
+NameOption = Annotated[str, typer.Option("--name", help="The MCP server's name in the CLI.")]
+
+
+def _install_args(agent: AgentChoice, scope: str) -> tuple[Agent, InstallScope]:
+    if agent is AgentChoice.all:
+        err.print("error: name one CLI: claude, codex or gemini")
+        raise typer.Exit(2)
+    if scope not in ("user", "project"):
+        err.print(f"error: --scope must be user or project, got {scope!r}")
+        raise typer.Exit(2)
+    return cast("Agent", agent.value), cast("InstallScope", scope)
+
+
+def _report_config(changes: list[ConfigChange], as_json: bool) -> None:
+    if as_json:
+        _print_json(
+            [
+                {
+                    "path": str(c.path),
+                    "outcome": c.outcome,
+                    "what": c.what,
+                    "backup": str(c.backup) if c.backup else None,
+                }
+                for c in changes
+            ]
+        )
+        return
+    for change in changes:
+        backup = f" (backup: {change.backup})" if change.backup else ""
+        out.print(f"{change.path}: {change.what} {change.outcome}{backup}")
+
+
+@app.command()
+def install(
+    agent: Annotated[AgentChoice, typer.Argument(help="claude, codex or gemini.")],
+    scope: ScopeOption = "user",
+    hook: Annotated[
+        bool,
+        typer.Option(
+            "--hook", help="Also add a SessionStart hook that gives each session the brief."
+        ),
+    ] = False,
+    name: NameOption = "memory",
+    cwd: CwdOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Register the MCP server (and, with --hook, the brief at session start) in a CLI's config."""
+    from memory_mcp.install import install as add
+
+    which, where = _install_args(agent, scope)
+    with _engine_errors():
+        changes = add(which, where, project_root(cwd), hook=hook, name=name)
+    _report_config(changes, as_json)
+    if hook and which == "codex" and not as_json:
+        out.print("note: older Codex builds run hooks only with [features] codex_hooks = true")
+
+
+@app.command()
+def uninstall(
+    agent: Annotated[AgentChoice, typer.Argument(help="claude, codex or gemini.")],
+    scope: ScopeOption = "user",
+    name: NameOption = "memory",
+    cwd: CwdOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Remove what install added to a CLI's configuration (the server and the hook)."""
+    from memory_mcp.install import uninstall as remove
+
+    which, where = _install_args(agent, scope)
+    with _engine_errors():
+        changes = remove(which, where, project_root(cwd), name=name)
+    _report_config(changes, as_json)
 
 
 @app.command()

@@ -163,7 +163,7 @@ def _lead_for(body: str, newline: str) -> int:
     return 1 if body.endswith(newline) else 2
 
 
-def _write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes) -> None:
     """Atomically replace ``path`` with ``data`` (keeping its permissions)."""
     mode = path.stat().st_mode & 0o7777 if path.exists() else 0o644
     fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -189,7 +189,7 @@ def set_block(root: Path, path: Path, content: str) -> FileChange:
         text = _Text("", bom=False, newline="\n")
         text.body = _render(content, "\n", 0, created=True)
         real.parent.mkdir(parents=True, exist_ok=True)
-        _write(real, text.encode())
+        atomic_write(real, text.encode())
         return FileChange(path, "created")
     block = _find(current, path)
     body = current.body
@@ -207,7 +207,7 @@ def set_block(root: Path, path: Path, content: str) -> FileChange:
     if new_body == body:
         return FileChange(path, "unchanged")
     updated = _Text(new_body, current.bom, nl)
-    _write(real, updated.encode())
+    atomic_write(real, updated.encode())
     return FileChange(path, "updated")
 
 
@@ -228,7 +228,7 @@ def _remove(path: Path, real: Path, current: _Text, block: _Block) -> FileChange
     if block.created and not rest and not current.bom:
         real.unlink()
         return FileChange(path, "removed", "created by inject")
-    _write(real, _Text(rest, current.bom, current.newline).encode())
+    atomic_write(real, _Text(rest, current.bom, current.newline).encode())
     return FileChange(path, "updated", "block removed")
 
 
@@ -242,13 +242,13 @@ def write_brief_file(root: Path, text: str) -> FileChange:
         return remove_brief_file(root)
     folder.mkdir(exist_ok=True)
     if not ignore.exists():
-        _write(_inside(root, ignore), b"# Written by memory-mcp inject; not for git.\n*\n")
+        atomic_write(_inside(root, ignore), b"# Written by memory-mcp inject; not for git.\n*\n")
     real = _inside(root, target)
     data = text.encode("utf-8")
     if real.exists() and real.read_bytes() == data:
         return FileChange(target, "unchanged")
     existed = real.exists()
-    _write(real, data)
+    atomic_write(real, data)
     return FileChange(target, "updated" if existed else "created")
 
 

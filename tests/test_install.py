@@ -1,0 +1,153 @@
+"""install / uninstall on realistic configurations of each CLI: merge, idempotence, reversal."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from memory_mcp.errors import InvalidInput
+from memory_mcp.install import hook_path, install, server_path, uninstall
+
+CLAUDE_JSON = {
+    "numStartups": 42,
+    "theme": "dark",
+    "mcpServers": {"github": {"type": "stdio", "command": "gh-mcp", "args": [], "env": {}}},
+    "projects": {"/home/me/app": {"allowedTools": ["Bash(make:*)"], "mcpServers": {}}},
+}
+CLAUDE_SETTINGS = {
+    "permissions": {"allow": ["Bash(npm test:*)"]},
+    "hooks": {
+        "PreToolUse": [{"matcher": "Bash", "hooks": [{"type": "command", "command": "audit.sh"}]}],
+        "SessionStart": [{"matcher": "startup", "hooks": [{"type": "command", "command": "motd"}]}],
+    },
+}
+CODEX_TOML = """# My Codex setup
+model = "o4-mini"  # fast enough
+approval_policy = "on-request"
+
+[features]
+web_search = true
+
+[mcp_servers.context7]
+command = "npx"
+args = ["-y", "@upstash/context7-mcp"]
+
+[mcp_servers.context7.env]
+TOKEN = "x"  # keep me
+"""
+CODEX_HOOKS = {
+    "hooks": {
+        "Stop": [{"hooks": [{"type": "command", "command": "notify-send done"}]}],
+    }
+}
+GEMINI_SETTINGS = {
+    "theme": "GitHub",
+    "selectedAuthType": "gemini-api-key",
+    "mcpServers": {"fs": {"command": "npx", "args": ["fs-mcp"], "trust": False}},
+    "hooks": {"AfterTool": [{"matcher": "*", "hooks": [{"type": "command", "command": "log"}]}]},
+}
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    home = tmp_path / "home"
+    (home / ".claude").mkdir(parents=True)
+    (home / ".codex").mkdir()
+    (home / ".gemini").mkdir()
+    (home / ".claude.json").write_text(json.dumps(CLAUDE_JSON, indent=2))
+    (home / ".claude" / "settings.json").write_text(json.dumps(CLAUDE_SETTINGS, indent=2))
+    (home / ".codex" / "config.toml").write_text(CODEX_TOML)
+    (home / ".codex" / "hooks.json").write_text(json.dumps(CODEX_HOOKS))
+    (home / ".gemini" / "settings.json").write_text(json.dumps(GEMINI_SETTINGS, indent=4))
+    return home
+
+
+def parsed(path: Path) -> object:
+    text = path.read_text()
+    return text if ".toml" in path.name else json.loads(text)
+
+
+@pytest.mark.parametrize("agent", ["claude", "codex", "gemini"])
+def test_install_then_uninstall_leaves_everything_else_intact(
+    agent: str, home: Path, project: Path
+) -> None:
+    files = {server_path(agent, "user", project, home), hook_path(agent, "user", project, home)}  # type: ignore[arg-type]
+    before = {path: parsed(path) for path in files}
+
+    changes = install(agent, "user", project, hook=True, home=home, program="memory-mcp")  # type: ignore[arg-type]
+    assert {c.outcome for c in changes} == {"added"}
+    for change in changes:
+        assert change.backup is not None and parsed(change.backup) == before[change.path]
+
+    server_file = server_path(agent, "user", project, home)  # type: ignore[arg-type]
+    if agent == "codex":
+        text = server_file.read_text()
+        assert text.startswith(CODEX_TOML), "comments and layout kept"
+        assert '[mcp_servers.memory]\ncommand = "memory-mcp"\nargs = ["serve"]' in text
+    else:
+        servers = json.loads(server_file.read_text())["mcpServers"]
+        assert servers["memory"]["command"] == "memory-mcp"
+        assert servers["memory"]["args"] == ["serve"]
+        assert len(servers) == 2, "the other server stays"
+    hooks = json.loads(hook_path(agent, "user", project, home).read_text())["hooks"]  # type: ignore[arg-type]
+    commands = [h["command"] for g in hooks["SessionStart"] for h in g["hooks"]]
+    assert "memory-mcp brief --hook" in commands
+
+    stamps = {path: path.stat().st_mtime_ns for path in files}
+    again = install(agent, "user", project, hook=True, home=home, program="memory-mcp")  # type: ignore[arg-type]
+    assert {c.outcome for c in again} == {"unchanged"}
+    assert {path: path.stat().st_mtime_ns for path in files} == stamps
+
+    removed = uninstall(agent, "user", project, home=home)  # type: ignore[arg-type]
+    assert {c.outcome for c in removed} == {"removed"}
+    assert {path: parsed(path) for path in files} == before
+    assert {c.outcome for c in uninstall(agent, "user", project, home=home)} == {"unchanged"}  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("agent", ["claude", "codex", "gemini"])
+def test_project_scope_creates_and_removes_the_projects_own_files(
+    agent: str, home: Path, project: Path
+) -> None:
+    changes = install(agent, "project", project, home=home, program="memory-mcp")  # type: ignore[arg-type]
+    (change,) = changes
+    assert change.outcome == "added" and change.backup is None
+    assert project in change.path.parents
+    expected = {"claude": ".mcp.json", "codex": "config.toml", "gemini": "settings.json"}[agent]
+    assert change.path.name == expected
+    uninstall(agent, "project", project, home=home)  # type: ignore[arg-type]
+    assert parsed(change.path) in ({}, "")
+
+
+def test_a_different_server_with_the_same_name_is_refused(home: Path, project: Path) -> None:
+    data = json.loads((home / ".claude.json").read_text())
+    data["mcpServers"]["memory"] = {"command": "other-memory-server", "args": []}
+    (home / ".claude.json").write_text(json.dumps(data))
+    with pytest.raises(InvalidInput, match="different MCP server named 'memory'"):
+        install("claude", "user", project, home=home, program="memory-mcp")
+    assert json.loads((home / ".claude.json").read_text()) == data
+    install("claude", "user", project, home=home, program="memory-mcp", name="project-memory")
+    assert "project-memory" in json.loads((home / ".claude.json").read_text())["mcpServers"]
+
+
+def test_broken_configuration_is_refused_untouched(home: Path, project: Path) -> None:
+    (home / ".gemini" / "settings.json").write_text("{ not json")
+    with pytest.raises(InvalidInput, match="not valid JSON"):
+        install("gemini", "user", project, home=home, program="memory-mcp")
+    assert (home / ".gemini" / "settings.json").read_text() == "{ not json"
+    (home / ".codex" / "config.toml").write_text("model = \n")
+    with pytest.raises(InvalidInput, match="not valid TOML"):
+        install("codex", "user", project, home=home, program="memory-mcp")
+
+
+def test_an_absolute_program_path_is_recognised_as_ours(home: Path, project: Path) -> None:
+    program = "/opt/tools/bin/memory-mcp"
+    install("gemini", "user", project, hook=True, home=home, program=program)
+    install("gemini", "user", project, hook=True, home=home, program="memory-mcp")  # moved
+    settings = json.loads((home / ".gemini" / "settings.json").read_text())
+    assert settings["mcpServers"]["memory"]["command"] == "memory-mcp"
+    commands = [h["command"] for g in settings["hooks"]["SessionStart"] for h in g["hooks"]]
+    assert commands == ["memory-mcp brief --hook"], "replaced, not duplicated"
+    uninstall("gemini", "user", project, home=home)
+    assert json.loads((home / ".gemini" / "settings.json").read_text()) == GEMINI_SETTINGS
