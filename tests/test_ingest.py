@@ -458,3 +458,41 @@ async def test_the_injected_brief_is_never_ingested_and_does_not_count_as_a_chan
     inject(project, "## Brief\n\n~~~text\nanother brief\n~~~\n", ("claude",))
     again = await ingest(memory, project)
     assert again.changed == 0 and again.unchanged == 1
+
+
+@pytest.mark.anyio
+async def test_claude_code_memory_files_are_imported_once(
+    memory: MemoryService, project: Path, tmp_path: Path
+) -> None:
+    from memory_mcp.ingest import claude_memory_folder, ingest_agent_memories
+
+    home = tmp_path / "home"
+    folder = claude_memory_folder(project_root(project), home)
+    # Claude Code's folder name: every character but letters and digits becomes "-".
+    assert folder.parent.name == "".join(
+        c if c.isascii() and c.isalnum() else "-" for c in str(project_root(project))
+    )
+    (folder / "topics").mkdir(parents=True)
+    (folder / "MEMORY.md").write_text(
+        "# Memory index\n\n- Deploys go through the release-bot [deploy](topics/deploy.md)\n"
+    )
+    (folder / "topics" / "deploy.md").write_text(
+        "# Deploying\n\nThe release-bot tags vX.Y.Z and pushes to Fly.io.\n"
+    )
+    first = await ingest_agent_memories(memory, project_root(project), home=home)
+    assert (first.files, first.changed, first.chunks_added) == (2, 2, 2)
+    second = await ingest_agent_memories(memory, project_root(project), home=home)
+    assert (second.changed, second.unchanged, second.chunks_added) == (0, 2, 0)
+    hits = await memory.search("release-bot Fly.io", cwd=project, corpora=("knowledge",))
+    paths = {h.record.meta["path"] for h in hits.hits}
+    assert paths == {"agent-memory:claude/MEMORY.md", "agent-memory:claude/topics/deploy.md"}
+
+    # Ingesting the project's own documents leaves the imported memory files alone.
+    (project / "README.md").write_text("# App\n\nHello.\n")
+    await ingest(memory, project)
+    third = await ingest_agent_memories(memory, project_root(project), home=home)
+    assert third.unchanged == 2 and third.chunks_archived == 0
+
+    (folder / "topics" / "deploy.md").unlink()
+    fourth = await ingest_agent_memories(memory, project_root(project), home=home)
+    assert fourth.removed == 1 and fourth.chunks_archived == 1

@@ -720,31 +720,48 @@ def ingest(
             "CLAUDE.md, AGENTS.md, GEMINI.md)."
         ),
     ] = None,
+    agent_memories: Annotated[
+        bool,
+        typer.Option(
+            "--agent-memories/--no-agent-memories",
+            help="Also import Claude Code's own memory folder for this project "
+            "(~/.claude/projects/<project>/memory); default: when no PATH is given.",
+        ),
+    ] = True,
     cwd: CwdOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Index the project's own documents into the knowledge corpus (only what changed)."""
     from memory_mcp.ingest import ingest as run_ingest
+    from memory_mcp.ingest import ingest_agent_memories
 
     root = project_root(cwd)
     given = [p if p.is_absolute() else Path.cwd() / p for p in paths or []]
 
     async def use(memory: MemoryService) -> Any:
         with _progress("files", None) as report:
-            return await run_ingest(memory, root, given, progress=report)
+            summaries = [
+                ("project documents", await run_ingest(memory, root, given, progress=report))
+            ]
+            if agent_memories and not given:
+                found = await ingest_agent_memories(memory, root, progress=report)
+                if found.files or found.removed:
+                    summaries.append(("Claude Code memory files", found))
+            return summaries
 
-    summary = _with_memory(cwd, use)
+    results = _with_memory(cwd, use)
     if as_json:
-        _print_json(asdict(summary))
+        _print_json({label: asdict(summary) for label, summary in results})
         return
-    out.print(
-        f"{summary.files} files in {root}: {summary.changed} re-chunked, "
-        f"{summary.unchanged} unchanged, {summary.removed} removed; "
-        f"{summary.chunks_added} chunks added, {summary.chunks_archived} archived"
-        + ("" if summary.embedded or not summary.chunks_added else " (lexical only for now)")
-    )
-    for line in summary.skipped:
-        err.print(f"skipped {line}")
+    for label, summary in results:
+        out.print(
+            f"{summary.files} {label} in {root}: {summary.changed} re-chunked, "
+            f"{summary.unchanged} unchanged, {summary.removed} removed; "
+            f"{summary.chunks_added} chunks added, {summary.chunks_archived} archived"
+            + ("" if summary.embedded or not summary.chunks_added else " (lexical only for now)")
+        )
+        for line in summary.skipped:
+            err.print(f"skipped {line}")
 
 
 @app.command()

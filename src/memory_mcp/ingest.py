@@ -57,6 +57,8 @@ MARKDOWN_SUFFIXES: frozenset[str] = frozenset({".md", ".markdown"})
 SKIP_DIRS: frozenset[str] = frozenset({"node_modules", "__pycache__"})
 CHANGED_REASON = "re-chunked: file changed"
 REMOVED_REASON = "source file removed"
+# Stored paths of files from outside the project: the agents' own memory folders.
+AGENT_MEMORY_PREFIX = "agent-memory:"
 _PAGE = 1_000
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})(.*)$")
 _ATX = re.compile(r"^ {0,3}(#{1,6})(?:[ \t]+(.*?))?(?:[ \t]+#+)?[ \t]*$")
@@ -408,10 +410,25 @@ async def ingest(
     scope = Scope.project(root)
     found = await anyio.to_thread.run_sync(_discover, root, tuple(paths))
     stored = await _stored_chunks(memory.db, scope.key)
-    size = min(CHUNK_CHARS, max(100, memory.settings.write.max_chars // 2))
     summary = IngestSummary(files=len(found.files), skipped=list(found.skipped))
+    gone = await anyio.to_thread.run_sync(_gone, found, list(stored), bool(paths))
+    return await _ingest_files(memory, scope, found.files, stored, gone, summary, agent, progress)
+
+
+async def _ingest_files(
+    memory: MemoryService,
+    scope: Scope,
+    files: dict[str, Path],
+    stored: dict[str, list[Record]],
+    gone: list[str],
+    summary: IngestSummary,
+    agent: str,
+    progress: Callable[[int, int], None] | None,
+) -> IngestSummary:
+    """Ingest ``files`` (stored path -> file), then archive the chunks of ``gone`` paths."""
+    size = min(CHUNK_CHARS, max(100, memory.settings.write.max_chars // 2))
     all_embedded = True
-    for done, (rel, real) in enumerate(found.files.items(), start=1):
+    for done, (rel, real) in enumerate(files.items(), start=1):
         outcome = await _ingest_file(memory, scope, rel, real, stored.get(rel, []), size, agent)
         summary.chunks_archived += outcome.archived
         summary.chunks_added += outcome.added
@@ -425,14 +442,55 @@ async def ingest(
             summary.unchanged += 1
         if progress is not None:
             progress(done, summary.files)
-
-    gone = await anyio.to_thread.run_sync(_gone, found, list(stored), bool(paths))
     if gone:
         removed_files, archived = await _archive_paths(memory, scope.key, gone, REMOVED_REASON)
         summary.removed += removed_files
         summary.chunks_archived += archived
     summary.embedded = summary.chunks_added > 0 and all_embedded
     return summary
+
+
+def claude_memory_folder(root: Path, home: Path | None = None) -> Path:
+    """Claude Code's own memory folder for a project: ~/.claude/projects/<path>/memory.
+
+    Claude Code names the folder after the project's path with every character
+    that is not a letter or digit replaced by ``-``.
+    """
+    name = re.sub(r"[^A-Za-z0-9]", "-", str(root))
+    return (home or Path.home()) / ".claude" / "projects" / name / "memory"
+
+
+async def ingest_agent_memories(
+    memory: MemoryService,
+    root: Path,
+    *,
+    folder: Path | None = None,
+    home: Path | None = None,
+    agent: str = "claude",
+    progress: Callable[[int, int], None] | None = None,
+) -> IngestSummary:
+    """Import Claude Code's own memory files for this project as knowledge chunks.
+
+    The ``*.md`` files of ``folder`` (default ``claude_memory_folder``) are
+    chunked like any document and stored under ``agent-memory:claude/<name>``,
+    so they are searched with the project's knowledge and appear once however
+    often this runs (a file is re-chunked only when its content changes; chunks
+    of files gone from the folder are archived). The user-written parts of
+    CLAUDE.md / AGENTS.md / GEMINI.md come in through ``ingest`` itself, without
+    the block ``inject`` writes.
+    """
+    scope = Scope.project(root)
+    folder = folder or claude_memory_folder(root, home)
+    prefix = f"{AGENT_MEMORY_PREFIX}claude/"
+    files: dict[str, Path] = {}
+    if folder.is_dir():
+        for path in sorted(folder.rglob("*.md")):
+            if path.is_file() and not any(_hidden(part) for part in path.relative_to(folder).parts):
+                files[prefix + path.relative_to(folder).as_posix()] = path
+    stored = await _stored_chunks(memory.db, scope.key)
+    gone = [rel for rel in stored if rel.startswith(prefix) and rel not in files]
+    summary = IngestSummary(files=len(files))
+    return await _ingest_files(memory, scope, files, stored, gone, summary, agent, progress)
 
 
 def _gone(found: _Found, stored: Sequence[str], explicit: bool) -> list[str]:
@@ -445,6 +503,7 @@ def _gone(found: _Found, stored: Sequence[str], explicit: bool) -> list[str]:
         rel
         for rel in stored
         if rel not in found.files
+        and not rel.startswith(AGENT_MEMORY_PREFIX)
         and (
             not explicit
             or (
