@@ -35,6 +35,23 @@ from memory_mcp.service import MemoryService
 from memory_mcp.storage.base import Filters
 
 TITLE = "## Project memory (memory-mcp)"
+GUIDANCE_FILE = "memory.md"
+
+
+def guidance() -> str:
+    """The text agents are given about using the memory (``agent-guidance/memory.md``).
+
+    Shipped inside the package (``memory_mcp/agent-guidance``) and read from the
+    repository's ``agent-guidance/`` in a development checkout.
+    """
+    here = Path(__file__).resolve().parent
+    for folder in (here / "agent-guidance", here.parents[1] / "agent-guidance"):
+        path = folder / GUIDANCE_FILE
+        if path.is_file():
+            return " ".join(path.read_text(encoding="utf-8").split())
+    return ""
+
+
 _JULIAN_UNIX_EPOCH = 2440587.5
 
 
@@ -148,7 +165,10 @@ async def build_brief(
     if not head and not any(lines.values()):
         return Brief(text="", tokens=0, budget=budget)
 
-    fixed = _frame(None if dated else now, "~~~")
+    advice = guidance()
+    if estimate_tokens(advice) > budget // 4:  # a tiny budget: the memories come first
+        advice = ""
+    fixed = _frame(None if dated else now, "~~~") + (f"\n{advice}\n" if advice else "")
     left = budget - estimate_tokens(fixed)
     chosen: dict[str, list[tuple[str, str]]] = {
         "head": [],
@@ -179,17 +199,20 @@ async def build_brief(
     take("journal", lines["journal"], left + journal_reserve, "Recent journal:")
 
     stamp = None if dated else now
-    text = _render(chosen, stamp)
+    text = _render(chosen, stamp, advice)
     while estimate_tokens(text) > budget:  # a longer fence than estimated: drop the last line
-        last = next(name for name in ("journal", "global", "facts", "head") if chosen[name])
+        last = next((n for n in ("journal", "global", "facts", "head") if chosen[n]), None)
+        if last is None:
+            break
         chosen[last].pop()
-        text = _render(chosen, stamp)
+        text = _render(chosen, stamp, advice)
     ids = [rid for part in chosen.values() for rid, _ in part]
     counts = {name: len(part) for name, part in chosen.items() if part}
     return Brief(text=text, tokens=estimate_tokens(text), budget=budget, ids=ids, counts=counts)
 
 
-def _render(chosen: dict[str, list[tuple[str, str]]], now: datetime | None) -> str:
+def _render(chosen: dict[str, list[tuple[str, str]]], now: datetime | None, advice: str) -> str:
+    """The brief: heading, label, the fenced lines, then how to use the memory."""
     body: list[str] = [line for _, line in chosen["head"]]
     for name, title in (
         ("facts", "Project facts:"),
@@ -200,7 +223,8 @@ def _render(chosen: dict[str, list[tuple[str, str]]], now: datetime | None) -> s
             body.append(title)
             body.extend(line for _, line in chosen[name])
     fence = "~" * max(3, _longest_run(body, "~") + 1)
-    return _frame(now, fence).replace("{body}", "\n".join(body))
+    text = _frame(now, fence).replace("{body}", "\n".join(body))
+    return f"{text}\n{advice}\n" if advice else text
 
 
 def _cost(items: list[tuple[str, str]], title: str) -> int:
