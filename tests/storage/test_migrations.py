@@ -113,3 +113,14 @@ def test_m002_counts_emphasis_of_existing_records(tmp_path: Path) -> None:
     assert migrate(conn, db_path=db, connect=connect) == ["m002_emphasis"]
     assert conn.execute("SELECT emphasis FROM records").fetchone() == (3,)
     assert list(tmp_path.glob("m.db.backup-*-before-m002_emphasis"))
+
+
+def test_the_error_classes_cover_every_sqlite_module() -> None:
+    import sqlite3
+
+    import sqlean
+
+    from memory_mcp.storage.driver import OPERATIONAL_ERRORS
+
+    assert sqlite3.OperationalError in OPERATIONAL_ERRORS
+    assert sqlean.dbapi2.OperationalError in OPERATIONAL_ERRORS

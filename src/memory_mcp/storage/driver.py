@@ -107,3 +107,26 @@ def choose_driver(preference: DriverName = "auto") -> Driver:
     note = "vectors off, lexical search only (" + "; ".join(reasons) + ")"
     log.warning("no SQLite driver can load sqlite-vec: %s", note)
     return Driver("sqlite3", sqlite3, sqlite3.sqlite_version, False, None, note)
+
+
+def _error_classes(name: str) -> tuple[type[Exception], ...]:
+    """``name`` (OperationalError, DatabaseError, Error) of every SQLite module there is.
+
+    sqlean's and pysqlite3's exceptions do not derive from ``sqlite3``'s, so
+    catching ``sqlite3.OperationalError`` alone misses them.
+    """
+    classes: list[type[Exception]] = [getattr(sqlite3, name)]
+    for module_name in ("sqlean", "pysqlite3.dbapi2"):
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        found = getattr(module, name, None)
+        if isinstance(found, type) and issubclass(found, Exception) and found not in classes:
+            classes.append(found)
+    return tuple(classes)
+
+
+OPERATIONAL_ERRORS = _error_classes("OperationalError")
+DATABASE_ERRORS = _error_classes("DatabaseError")
+ERRORS = _error_classes("Error")

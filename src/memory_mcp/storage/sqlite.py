@@ -23,6 +23,7 @@ import logging
 import os
 import re
 import sqlite3
+import time
 from collections.abc import AsyncIterator, Collection, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -39,7 +40,14 @@ from memory_mcp.passages import MAX_PASSAGES
 from memory_mcp.ranker import emphasis
 from memory_mcp.records import Conflict, MergedEntry, Record, content_hash
 from memory_mcp.storage.base import Filters, Scored, StoreStats, Vector
-from memory_mcp.storage.driver import Driver, DriverName, choose_driver
+from memory_mcp.storage.driver import (
+    DATABASE_ERRORS,
+    ERRORS,
+    OPERATIONAL_ERRORS,
+    Driver,
+    DriverName,
+    choose_driver,
+)
 from memory_mcp.storage.migrations import migrate
 
 log = logging.getLogger(__name__)
@@ -217,7 +225,7 @@ class _Queries:
     async def _fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         try:
             return list(await self._conn.execute_fetchall(sql, params))
-        except sqlite3.OperationalError as exc:
+        except OPERATIONAL_ERRORS as exc:
             raise _storage_error(exc) from exc
 
     async def lexical(self, text: str, filters: Filters, k: int) -> list[Scored]:
@@ -337,7 +345,7 @@ class _Transaction(_Queries):
     async def _exec(self, sql: str, params: Sequence[Any] = ()) -> int:
         try:
             cursor = await self._conn.execute(sql, params)
-        except sqlite3.OperationalError as exc:
+        except OPERATIONAL_ERRORS as exc:
             raise _storage_error(exc) from exc
         return cursor.rowcount
 
@@ -473,7 +481,7 @@ class _Transaction(_Queries):
         return True
 
 
-def _storage_error(exc: sqlite3.OperationalError) -> StorageError:
+def _storage_error(exc: Exception) -> StorageError:
     text = str(exc)
     if "locked" in text or "busy" in text:
         return StorageError(_BUSY_HINT)
@@ -542,7 +550,7 @@ class SqliteStore:
         async with self._write_lock:
             try:
                 await self._writer.execute("BEGIN IMMEDIATE")
-            except sqlite3.OperationalError as exc:
+            except OPERATIONAL_ERRORS as exc:
                 raise _storage_error(exc) from exc
             pending = dict(self._tables)
             try:
@@ -556,7 +564,7 @@ class SqliteStore:
             try:
                 with anyio.CancelScope(shield=True):
                     await self._writer.execute("COMMIT")
-            except sqlite3.OperationalError as exc:
+            except OPERATIONAL_ERRORS as exc:
                 with anyio.CancelScope(shield=True):
                     await self._writer.execute("ROLLBACK")
                 self._tables = pending
@@ -784,6 +792,23 @@ async def _driver(preference: DriverName) -> Driver:
     return _DRIVERS[preference]
 
 
+def _journal_wal(conn: sqlite3.Connection, busy_timeout_ms: int) -> str:
+    """Switch to WAL, retrying while another process holds the lock.
+
+    SQLite can answer "database is locked" to this pragma at once, without its
+    busy handler, when several processes open a new database together.
+    """
+    deadline = time.monotonic() + busy_timeout_ms / 1000
+    while True:
+        try:
+            return str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
+        except OPERATIONAL_ERRORS as exc:
+            locked = "locked" in str(exc) or "busy" in str(exc)
+            if not locked or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 def _prepare_file(path: Path, driver: Driver, busy_timeout_ms: int) -> None:
     """Create the directory and file owner-only, switch to WAL, and migrate."""
     try:
@@ -801,16 +826,16 @@ def _prepare_file(path: Path, driver: Driver, busy_timeout_ms: int) -> None:
 
     try:
         conn = connect(str(path))
-    except sqlite3.Error as exc:
+    except ERRORS as exc:
         raise StorageError(f"cannot open the database at {path}: {exc}") from exc
     try:
-        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        mode = _journal_wal(conn, busy_timeout_ms)
         if str(mode).lower() != "wal":
             log.warning("the database at %s is in %s mode, not WAL", path, mode)
         applied = migrate(conn, db_path=path, connect=connect)
         if applied:
             log.info("applied migrations: %s", ", ".join(applied))
-    except sqlite3.DatabaseError as exc:
+    except DATABASE_ERRORS as exc:
         raise StorageError(f"cannot use the database at {path}: {exc}") from exc
     finally:
         conn.close()
