@@ -313,3 +313,44 @@ def test_run_without_the_cli_installed_says_so(project: Path, tmp_path: Path) ->
     )
     assert result.returncode == 127
     assert b"cannot start gemini" in result.stderr
+
+
+def test_the_inject_command_on_a_seeded_repository(project: Path) -> None:
+    """inject --agent all / uninject through the CLI, on the user's store, as a user runs them."""
+    from typer.testing import CliRunner
+
+    from memory_mcp.cli import app
+    from memory_mcp.config import load_settings
+
+    async def fill() -> None:
+        async with MemoryService.open(load_settings()) as memory:
+            await seed(memory, project)
+
+    anyio.run(fill)
+    originals = {
+        "CLAUDE.md": b"# House rules\r\n\r\nUse tabs.\r\n",
+        "AGENTS.md": b"\xef\xbb\xbf# Agents\n\nKeep PRs small.",
+        "GEMINI.md": b"Gemini: answer briefly.\n\n\n",
+    }
+    for name, data in originals.items():
+        (project / name).write_bytes(data)
+    runner = CliRunner()
+    args = ["--cwd", str(project)]
+
+    first = runner.invoke(app, ["inject", "--agent", "all", *args])
+    assert first.exit_code == 0, first.output
+    injected = snapshot(project)
+    for name, data in originals.items():
+        text = injected[name][0]
+        assert text.startswith(data)
+        assert b"memory-mcp:begin" in text and b"Ship the plugin API by March" in text
+        assert b"Project facts:" in text and b"Recent journal:" in text
+
+    time.sleep(0.01)
+    second = runner.invoke(app, ["inject", "--agent", "all", *args])
+    assert second.exit_code == 0 and second.output.count("unchanged") == 3
+    assert snapshot(project) == injected
+
+    removed = runner.invoke(app, ["uninject", *args])
+    assert removed.exit_code == 0, removed.output
+    assert {n: d for n, (d, _) in snapshot(project).items()} == originals
