@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -354,3 +355,28 @@ def test_the_inject_command_on_a_seeded_repository(project: Path) -> None:
     removed = runner.invoke(app, ["uninject", *args])
     assert removed.exit_code == 0, removed.output
     assert {n: d for n, (d, _) in snapshot(project).items()} == originals
+
+
+def test_the_hook_reads_the_session_directory_from_stdin(project: Path, tmp_path: Path) -> None:
+    env = stand_in(tmp_path, "unused", project / "CLAUDE.md")
+    subprocess.run(
+        [COMMAND, "store", "--kind", "gotcha", "The staging DB resets nightly"],
+        cwd=project,
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+    hook_input = json.dumps({"cwd": str(project), "hook_event_name": "SessionStart"})
+    result = subprocess.run(
+        [COMMAND, "brief", "--hook"],
+        cwd=tmp_path,  # a hook may run anywhere
+        env=env,
+        input=hook_input.encode(),
+        capture_output=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    output = json.loads(result.stdout)
+    context = output["hookSpecificOutput"]
+    assert context["hookEventName"] == "SessionStart"
+    assert "The staging DB resets nightly" in context["additionalContext"]

@@ -416,10 +416,13 @@ def brief(
     """Print the spawn brief: goal, plan, top facts by the prior, recent journal."""
     from memory_mcp.brief import build_brief
 
+    if hook and cwd is None:
+        cwd = _hook_cwd()
+
     async def use(memory: MemoryService) -> Any:
         return await build_brief(memory, cwd, budget=budget)
 
-    result = _with_memory(cwd, use, wait=0)
+    result = _with_memory(cwd, use, wait=0, no_embedder=True)
     if hook:
         context = {"hookEventName": "SessionStart", "additionalContext": result.text}
         typer.echo(json.dumps({"hookSpecificOutput": context}, ensure_ascii=False))
@@ -429,6 +432,29 @@ def brief(
         err.print("no memories for this project yet")
     else:
         typer.echo(result.text, nl=False)
+
+
+def _hook_cwd() -> Path | None:
+    """The session's directory from the JSON a CLI's SessionStart hook gets on stdin.
+
+    All three send ``cwd``; a hook may run elsewhere. Nothing on stdin (a
+    terminal, or no input within a moment): None, the process's own directory.
+    """
+    if sys.stdin is None or sys.stdin.isatty():
+        return None
+    try:
+        import select
+
+        ready, _, _ = select.select([sys.stdin], [], [], 2.0)
+        if not ready:
+            return None
+        data = json.loads(sys.stdin.read() or "{}")
+    except (OSError, ValueError):
+        return None
+    where = data.get("cwd") if isinstance(data, dict) else None
+    if isinstance(where, str) and Path(where).is_absolute() and Path(where).is_dir():
+        return Path(where)
+    return None
 
 
 class AgentChoice(StrEnum):
