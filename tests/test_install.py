@@ -151,3 +151,83 @@ def test_an_absolute_program_path_is_recognised_as_ours(home: Path, project: Pat
     assert commands == ["memory-mcp brief --hook"], "replaced, not duplicated"
     uninstall("gemini", "user", project, home=home)
     assert json.loads((home / ".gemini" / "settings.json").read_text()) == GEMINI_SETTINGS
+
+
+def test_codex_dotted_server_keys_are_not_corrupted(home: Path, project: Path) -> None:
+    config = home / ".codex" / "config.toml"
+    dotted = 'mcp_servers.other.command = "x"\nmodel = "o3"\n'
+    config.write_text(dotted)
+    changes = install("codex", "user", project, home=home, program="memory-mcp")
+    import tomllib
+
+    parsed = tomllib.loads(config.read_text())
+    if changes[0].outcome == "added":
+        assert parsed["model"] == "o3", "no key moved into the new table"
+        assert parsed["mcp_servers"]["memory"] == {"command": "memory-mcp", "args": ["serve"]}
+        uninstall("codex", "user", project, home=home)
+        assert tomllib.loads(config.read_text()) == tomllib.loads(dotted)
+
+
+@pytest.mark.parametrize(
+    "text", ['mcp_servers = { other = { command = "x" } }\n', 'mcp_servers = ["x"]\n']
+)
+def test_codex_servers_of_another_shape_are_refused_untouched(
+    home: Path, project: Path, text: str
+) -> None:
+    config = home / ".codex" / "config.toml"
+    config.write_text(text)
+    with pytest.raises(InvalidInput):
+        install("codex", "user", project, home=home, program="memory-mcp")
+    assert config.read_text() == text
+
+
+def test_the_first_backup_keeps_the_original(home: Path, project: Path) -> None:
+    settings = home / ".gemini" / "settings.json"
+    original = settings.read_bytes()
+    install("gemini", "user", project, home=home, program="memory-mcp")
+    install("gemini", "user", project, hook=True, home=home, program="memory-mcp")
+    uninstall("gemini", "user", project, home=home)
+    assert (home / ".gemini" / "settings.json.memory-mcp.bak").read_bytes() == original
+
+
+def test_a_symlinked_dotfile_is_edited_in_place(home: Path, project: Path, tmp_path: Path) -> None:
+    dotfiles = tmp_path / "dotfiles"
+    dotfiles.mkdir()
+    target = dotfiles / "claude.json"
+    (home / ".claude.json").rename(target)
+    (home / ".claude.json").symlink_to(target)
+    install("claude", "user", project, home=home, program="memory-mcp")
+    assert (home / ".claude.json").is_symlink()
+    assert "memory" in json.loads(target.read_text())["mcpServers"]
+
+
+def test_a_program_path_with_spaces_is_quoted_and_recognised(home: Path, project: Path) -> None:
+    program = "/Users/Jane Doe/.local/bin/memory-mcp"
+    install("claude", "user", project, hook=True, home=home, program=program)
+    install("claude", "user", project, hook=True, home=home, program=program)
+    settings = json.loads((home / ".claude" / "settings.json").read_text())
+    ours = [
+        h["command"]
+        for g in settings["hooks"]["SessionStart"]
+        for h in g["hooks"]
+        if "memory-mcp" in h["command"]
+    ]
+    assert ours == ["'/Users/Jane Doe/.local/bin/memory-mcp' brief --hook"]
+    uninstall("claude", "user", project, home=home)
+    assert json.loads((home / ".claude" / "settings.json").read_text()) == CLAUDE_SETTINGS
+
+
+def test_reinstall_keeps_the_users_additions(home: Path, project: Path) -> None:
+    install("gemini", "user", project, hook=True, home=home, program="memory-mcp")
+    path = home / ".gemini" / "settings.json"
+    settings = json.loads(path.read_text())
+    settings["mcpServers"]["memory"]["env"] = {"MEMORY_MCP_DATA_DIR": "/data"}
+    for group in settings["hooks"]["SessionStart"]:
+        for handler in group["hooks"]:
+            if handler["command"] == "memory-mcp brief --hook":
+                handler["command"] = "memory-mcp brief --hook --budget 600"
+    path.write_text(json.dumps(settings))
+    changes = install("gemini", "user", project, hook=True, home=home, program="memory-mcp")
+    assert {c.outcome for c in changes} == {"unchanged"}
+    again = json.loads(path.read_text())
+    assert again["mcpServers"]["memory"]["env"] == {"MEMORY_MCP_DATA_DIR": "/data"}

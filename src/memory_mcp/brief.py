@@ -87,8 +87,13 @@ def age(created_at: str, now: datetime) -> str:
     return "now"
 
 
+_TILDES = re.compile(r"~{3,}")
+
+
 def _one_line(text: str, limit: int) -> str:
-    flat = " ".join(text.split())
+    """One line of at most ``limit`` characters; a run of tildes is shortened to two,
+    so no memory can make the fence (or the brief) longer."""
+    flat = _TILDES.sub("~~", " ".join(text.split()))
     return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"
 
 
@@ -207,6 +212,8 @@ async def build_brief(
         chosen[last].pop()
         text = _render(chosen, stamp, advice)
     ids = [rid for part in chosen.values() for rid, _ in part]
+    if not ids:  # nothing fits the budget: no brief rather than an empty frame
+        return Brief(text="", tokens=0, budget=budget)
     counts = {name: len(part) for name, part in chosen.items() if part}
     return Brief(text=text, tokens=estimate_tokens(text), budget=budget, ids=ids, counts=counts)
 

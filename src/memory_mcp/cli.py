@@ -550,6 +550,8 @@ def run(
     except typer.Exit as stop:
         if stop.exit_code not in (0, None):
             err.print(f"memory-mcp: starting {program} without a fresh brief")
+    except Exception as exc:  # the agent starts whatever happened to the brief
+        err.print(f"memory-mcp: starting {program} without a fresh brief ({exc})")
     args = [program, *ctx.args]
     sys.stdout.flush()
     sys.stderr.flush()

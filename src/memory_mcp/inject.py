@@ -114,11 +114,19 @@ class _Text:
         bom = text.startswith(_BOM)
         if bom:
             text = text[1:]
-        newline = "\r\n" if "\r\n" in text else "\n"
-        return cls(text, bom, newline)
+        return cls(text, bom, _newline_of(text))
 
     def encode(self) -> bytes:
         return ((_BOM if self.bom else "") + self.body).encode("utf-8")
+
+
+def _newline_of(text: str) -> str:
+    """The file's line ending: CRLF if it has any, else CR if it only has those, else LF."""
+    if "\r\n" in text:
+        return "\r\n"
+    if "\r" in text and "\n" not in text:
+        return "\r"
+    return "\n"
 
 
 @dataclass(frozen=True)
@@ -129,29 +137,45 @@ class _Block:
     created: bool
 
 
-def _find(text: _Text, path: Path) -> _Block | None:
-    match = _BEGIN.search(text.body)
-    if match is None:
-        return None
-    end_at = text.body.find(END, match.end())
-    if end_at < 0:
+def _find(text: _Text, path: Path, *, strict: bool = True) -> _Block | None:
+    """The managed block: a begin marker line, then the first end marker line after it.
+
+    Markers count only as whole lines, so a memory or a user's sentence that
+    quotes one is never taken for the block's edge.
+
+    Raises:
+        InvalidInput: a begin marker line without an end marker line (``strict``).
+    """
+    body, nl = text.body, text.newline
+    offset = 0
+    begin: tuple[int, re.Match[str]] | None = None
+    for line in body.splitlines(keepends=True):
+        bare = line.rstrip("\r\n")
+        if begin is None:
+            match = _BEGIN.fullmatch(bare)
+            if match is not None:
+                begin = (offset, match)
+        elif bare == END:
+            start, match = begin
+            end = offset + len(line)
+            lead = int(match.group(1))
+            if start - lead * len(nl) < 0 or body[start - lead * len(nl) : start] != nl * lead:
+                lead = 0  # the user removed the line breaks inject put there
+            return _Block(start - lead * len(nl), end, lead, match.group(2) == "1")
+        offset += len(line)
+    if begin is not None and strict:
         raise InvalidInput(
             f"{path} has a memory-mcp begin marker without its end marker; fix or remove the "
             "block by hand, then inject again"
         )
-    end = end_at + len(END)
-    if text.body.startswith(text.newline, end):
-        end += len(text.newline)
-    lead = int(match.group(1))
-    start = match.start() - lead * len(text.newline)
-    if start < 0 or text.body[start : match.start()] != text.newline * lead:
-        start, lead = match.start(), 0
-    return _Block(start, end, lead, match.group(2) == "1")
+    return None
 
 
 def _render(content: str, newline: str, lead: int, created: bool) -> str:
     lines = [f"<!-- memory-mcp:begin lead={lead} created={int(created)} {_NOTE} -->"]
-    lines.extend(content.rstrip("\n").split("\n"))
+    for line in content.rstrip("\n").split("\n"):
+        # A line of the content that reads like a marker must not end the block early.
+        lines.append(" " + line if line.lstrip().startswith("<!-- memory-mcp:") else line)
     lines.append(END)
     return newline * lead + newline.join(lines) + newline
 
@@ -224,7 +248,10 @@ def remove_block(root: Path, path: Path) -> FileChange:
 
 
 def _remove(path: Path, real: Path, current: _Text, block: _Block) -> FileChange:
-    rest = current.body[: block.start] + current.body[block.end :]
+    before, after = current.body[: block.start], current.body[block.end :]
+    if after and before and not before.endswith(("\n", "\r")):
+        before += current.newline  # text follows the block: keep the lines apart
+    rest = before + after
     if block.created and not rest and not current.bom:
         real.unlink()
         return FileChange(path, "removed", "created by inject")
@@ -270,22 +297,32 @@ def inject(
 ) -> list[FileChange]:
     """Write ``brief_text`` where each agent reads it at start; returns what changed.
 
+    Prompt files that are one file (symlinks to each other) are written once; if
+    any of their readers cannot import (Codex), that file gets the brief itself.
+
     Raises:
         InvalidInput: a prompt file outside the root (symlink), not UTF-8, or with a
             broken block.
     """
+    readers: dict[Path, list[Agent]] = {}
     for agent in agents:  # check every target before writing any
-        _inside(root, prompt_file(root, agent))
+        readers.setdefault(_inside(root, prompt_file(root, agent)), []).append(agent)
     changes: list[FileChange] = []
-    importing = [a for a in agents if imports and IMPORT_LINES[a]]
-    if importing:
-        changes.append(write_brief_file(root, brief_text))
-    for agent in agents:
-        line = IMPORT_LINES[agent] if agent in importing else None
-        content = (line or "") if line and brief_text.strip() else brief_text
-        change = set_block(root, prompt_file(root, agent), content)
-        if agent == "codex" and change.outcome in ("created", "updated"):
-            size = prompt_file(root, agent).stat().st_size
+    lines = {real: {IMPORT_LINES[a] for a in group} for real, group in readers.items()}
+    importing = {
+        real for real, found in lines.items() if imports and len(found) == 1 and None not in found
+    }
+    if importing:  # an empty brief removes the file
+        gone_or_written = write_brief_file(root, brief_text)
+        if gone_or_written.outcome != "absent":
+            changes.append(gone_or_written)
+    for real, group in readers.items():
+        content = brief_text
+        if real in importing and brief_text.strip():
+            content = next(iter(lines[real])) or brief_text
+        change = set_block(root, prompt_file(root, group[0]), content)
+        if "codex" in group and change.outcome in ("created", "updated"):
+            size = real.stat().st_size
             if size > CODEX_DOC_LIMIT:
                 change = FileChange(
                     change.path,
@@ -293,6 +330,10 @@ def inject(
                     f"{size:,} bytes: Codex reads only the first 32 KiB of AGENTS.md files",
                 )
         changes.append(change)
+        changes.extend(
+            FileChange(prompt_file(root, other), change.outcome, f"same file as {change.path.name}")
+            for other in group[1:]
+        )
     return changes
 
 

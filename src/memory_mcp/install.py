@@ -27,16 +27,18 @@ containers it had to create, when they are left empty).
 
 from __future__ import annotations
 
+import copy
 import json
+import os
+import re
+import shlex
 import shutil
 import sys
+import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
-
-import tomlkit
-from tomlkit.exceptions import TOMLKitError
 
 from memory_mcp.errors import InvalidInput
 from memory_mcp.inject import Agent, atomic_write
@@ -131,13 +133,15 @@ def _edit(
     after = dump(data)
     if outcome == "unchanged" or after == before:
         return ConfigChange(path, "unchanged" if path.exists() else "absent", "")
-    backup = _backed_up.get(path)
-    if backup is None and path.exists():
-        backup = path.with_name(path.name + ".memory-mcp.bak")
-        shutil.copy2(path, backup)
-        _backed_up[path] = backup
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, after.encode("utf-8"))
+    real = Path(os.path.realpath(path))  # a symlinked dotfile: edit the file it points to
+    backup = _backed_up.get(real)
+    if backup is None and real.exists():
+        backup = real.with_name(real.name + ".memory-mcp.bak")
+        if not backup.exists():  # the first backup is the original: never overwrite it
+            shutil.copy2(real, backup)
+        _backed_up[real] = backup
+    real.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(real, after.encode("utf-8"))
     return ConfigChange(path, "added" if outcome == "added" else "removed", "", backup)
 
 
@@ -168,9 +172,9 @@ def _set_server(servers: Any, name: str, entry: dict[str, Any], where: Path) -> 
             f"{where} already registers a different MCP server named {name!r}; remove it or "
             "install under another name (--name)"
         )
-    if existing is not None and dict(existing) == entry:
-        return "unchanged"
-    servers[name] = entry
+    if existing is not None and existing.get("command") == entry["command"]:
+        return "unchanged"  # ours already, perhaps with the user's own additions (env, ...)
+    servers[name] = {**(existing or {}), **entry}
     return "added"
 
 
@@ -197,60 +201,116 @@ def _remove_json_server(name: str, path: Path) -> ConfigChange:
     return _with_what(_edit(path, _load_json, _dump_json, change), f"MCP server {name!r}")
 
 
-def _load_toml(path: Path) -> tomlkit.TOMLDocument:
-    if not path.exists():
-        return tomlkit.document()
+def _load_text(path: Path) -> dict[str, str]:
+    return {"text": path.read_text(encoding="utf-8") if path.exists() else ""}
+
+
+def _dump_text(holder: dict[str, str]) -> str:
+    return holder["text"]
+
+
+def _parse_toml(text: str, path: Path) -> dict[str, Any]:
     try:
-        return tomlkit.parse(path.read_text(encoding="utf-8"))
-    except (TOMLKitError, UnicodeDecodeError) as exc:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
         raise InvalidInput(
             f"{path} is not valid TOML ({exc}); fix it, then install again"
         ) from None
 
 
+def _toml_servers(data: dict[str, Any], path: Path) -> dict[str, Any]:
+    servers = data.get("mcp_servers", {})
+    if not isinstance(servers, dict):
+        raise InvalidInput(f"{path}: mcp_servers is not a table; fix it, then install again")
+    return servers
+
+
+def _toml_block(name: str, program: str) -> str:
+    # A TOML basic string takes JSON's escapes.
+    return f'[mcp_servers.{name}]\ncommand = {json.dumps(program)}\nargs = ["serve"]\n'
+
+
 def _add_toml_server(name: str, program: str, path: Path) -> ConfigChange:
-    def change(doc: tomlkit.TOMLDocument) -> str:
-        servers = doc.get("mcp_servers")
-        if servers is None:
-            servers = tomlkit.table(is_super_table=True)
-            doc["mcp_servers"] = servers
-        entry = {"command": program, "args": ["serve"]}
-        existing = servers.get(name)
+    """Append ``[mcp_servers.<name>]`` as text: the rest of the file is not touched.
+
+    The result is parsed again and must equal the old configuration plus this one
+    server, so a layout where appending a table would change meaning (say, a
+    dotted ``mcp_servers`` key) is refused instead of written.
+    """
+
+    def change(holder: dict[str, str]) -> str:
+        text = holder["text"]
+        data = _parse_toml(text, path)
+        existing = _toml_servers(data, path).get(name)
         if existing is not None and not _ours(existing):
-            return _set_server(servers, name, entry, path)  # raises
-        if existing is not None and existing.unwrap() == entry:
+            raise InvalidInput(
+                f"{path} already registers a different MCP server named {name!r}; remove it "
+                "or install under another name (--name)"
+            )
+        if existing is not None and existing.get("command") == program:
             return "unchanged"
-        table = tomlkit.table()
-        table.update(entry)
-        servers[name] = table
+        if existing is not None:  # ours, from another path: take it out first
+            text = _without_toml_server(text, name, path)
+            data = _parse_toml(text, path)
+        block = _toml_block(name, program)
+        updated = (
+            text
+            + ("" if not text or text.endswith("\n\n") else "\n" if text.endswith("\n") else "\n\n")
+            + block
+        )
+        expected = json.loads(json.dumps(data))
+        expected.setdefault("mcp_servers", {})[name] = {
+            **(existing or {}),
+            "command": program,
+            "args": ["serve"],
+        }
+        if _parse_toml(updated, path) != expected:
+            raise InvalidInput(
+                f"{path}: adding [mcp_servers.{name}] at the end would change other settings "
+                "(is mcp_servers set with dotted keys?); add it by hand"
+            )
+        holder["text"] = updated
         return "added"
 
-    return _with_what(_edit(path, _load_toml, tomlkit.dumps, change), f"[mcp_servers.{name}]")
+    return _with_what(_edit(path, _load_text, _dump_text, change), f"[mcp_servers.{name}]")
+
+
+def _without_toml_server(text: str, name: str, path: Path) -> str:
+    """``text`` without the ``[mcp_servers.<name>]`` table install appended."""
+    pattern = re.compile(
+        rf"\n?\[mcp_servers\.{re.escape(name)}\]\ncommand = [^\n]*\nargs = \[\"serve\"\]\n"
+    )
+    data = _parse_toml(text, path)
+    expected = copy.deepcopy(data)
+    servers = expected.get("mcp_servers", {})
+    servers.pop(name, None)
+    if not servers:
+        expected.pop("mcp_servers", None)
+    for match in pattern.finditer(text):
+        candidate = text[: match.start()] + text[match.end() :]
+        if _parse_toml(candidate, path) == expected:
+            return candidate
+    raise InvalidInput(
+        f"{path}: [mcp_servers.{name}] is not as install wrote it; remove it by hand"
+    )
 
 
 def _remove_toml_server(name: str, path: Path) -> ConfigChange:
-    def change(doc: tomlkit.TOMLDocument) -> str:
-        servers = doc.get("mcp_servers")
-        if servers is None or not _ours(servers.get(name)):
+    def change(holder: dict[str, str]) -> str:
+        data = _parse_toml(holder["text"], path)
+        if not _ours(_toml_servers(data, path).get(name)):
             return "unchanged"
-        del servers[name]
-        if not servers:
-            del doc["mcp_servers"]
+        holder["text"] = _without_toml_server(holder["text"], name, path)
         return "removed"
 
-    def dump(doc: tomlkit.TOMLDocument) -> str:
-        # tomlkit leaves the blank line it put before the table it removes.
-        text = tomlkit.dumps(doc)
-        return text.rstrip("\n") + "\n" if text.strip() else ""
-
-    return _with_what(_edit(path, _load_toml, dump, change), f"[mcp_servers.{name}]")
+    return _with_what(_edit(path, _load_text, _dump_text, change), f"[mcp_servers.{name}]")
 
 
 # SessionStart hooks ----------------------------------------------------------------------
 
 
 def _hook_handler(agent: Agent, program: str) -> dict[str, Any]:
-    handler: dict[str, Any] = {"type": "command", "command": f"{program} {' '.join(HOOK_ARGS)}"}
+    handler: dict[str, Any] = {"type": "command", "command": shlex.join([program, *HOOK_ARGS])}
     if agent == "gemini":
         handler = {"name": "memory-mcp-brief", **handler, "timeout": 10000}  # milliseconds
     else:
@@ -258,12 +318,21 @@ def _hook_handler(agent: Agent, program: str) -> dict[str, Any]:
     return handler
 
 
-def _is_our_hook(handler: Any) -> bool:
+def _hook_words(handler: Any) -> list[str]:
     if not isinstance(handler, dict):
-        return False
-    words = str(handler.get("command", "")).split()
+        return []
+    try:
+        return shlex.split(str(handler.get("command") or ""))
+    except ValueError:
+        return []
+
+
+def _is_our_hook(handler: Any) -> bool:
+    words = _hook_words(handler)
     return (
-        len(words) >= 3 and Path(words[0]).name == "memory-mcp" and tuple(words[1:3]) == HOOK_ARGS
+        len(words) >= 3
+        and Path(words[0]).name in ("memory-mcp", "memory-mcp.exe")
+        and tuple(words[1:3]) == HOOK_ARGS
     )
 
 
@@ -279,10 +348,10 @@ def _add_hook(agent: Agent, program: str, path: Path) -> ConfigChange:
         for group in groups:
             for handler in group.get("hooks", []) if isinstance(group, dict) else []:
                 if _is_our_hook(handler):
-                    if handler == wanted:
-                        return "unchanged"
-                    handler.clear()
-                    handler.update(wanted)
+                    words = _hook_words(handler)
+                    if words[0] == program:
+                        return "unchanged"  # ours, perhaps with the user's own flags
+                    handler["command"] = shlex.join([program, *words[1:]])
                     return "added"
         added: dict[str, Any] = {"hooks": [wanted]}
         if _MATCHERS[agent]:
