@@ -81,3 +81,25 @@ def test_a_file_that_is_not_an_export_is_refused_with_the_line_number() -> None:
         parse_export([json.dumps({"type": "header", "format": "memory-mcp-export", "version": 99})])
     with pytest.raises(InvalidInput, match="empty"):
         parse_export([])
+
+
+def test_imported_timestamps_are_stored_in_one_sortable_form() -> None:
+    from memory_mcp.records import Record
+
+    record = Record.from_json(
+        {
+            "id": "f_1",
+            "corpus": "facts",
+            "kind": "fact",
+            "scope": "global",
+            "scope_key": "",
+            "content": "x",
+            "agent": "cli",
+            "created_at": "2026-03-01T10:00:00+01:00",
+            "updated_at": "2026-03-01 09:00:00",
+            "last_access_at": "",
+        }
+    )
+    assert record.created_at == "2026-03-01T09:00:00.000000Z"
+    assert record.updated_at == "2026-03-01T09:00:00.000000Z"
+    assert record.last_access_at is None

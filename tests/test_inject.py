@@ -474,3 +474,23 @@ def test_run_starts_the_cli_even_when_the_brief_cannot_be_written(
     assert result.returncode == 3
     assert b"without a fresh brief" in result.stderr
     assert b"Traceback" not in result.stderr
+
+
+def test_a_symlinked_brief_file_is_refused(project: Path) -> None:
+    (project / "notes.md").write_bytes(b"my notes\n")
+    (project / BRIEF_DIR).mkdir()
+    (project / BRIEF_DIR / BRIEF_FILE).symlink_to(project / "notes.md")
+    with pytest.raises(InvalidInput, match="symlink"):
+        inject(project, "brief\n", ("claude",), imports=True)
+    with pytest.raises(InvalidInput, match="symlink"):
+        uninject(project)
+    assert (project / "notes.md").read_bytes() == b"my notes\n"
+
+
+def test_uninject_finds_the_codex_block_after_an_override_appears(project: Path) -> None:
+    (project / "AGENTS.md").write_bytes(b"rules\n")
+    inject(project, "brief\n", ("codex",))
+    (project / "AGENTS.override.md").write_bytes(b"override\n")
+    uninject(project, ("codex",))
+    assert (project / "AGENTS.md").read_bytes() == b"rules\n"
+    assert (project / "AGENTS.override.md").read_bytes() == b"override\n"

@@ -116,8 +116,10 @@ def test_project_scope_creates_and_removes_the_projects_own_files(
     assert project in change.path.parents
     expected = {"claude": ".mcp.json", "codex": "config.toml", "gemini": "settings.json"}[agent]
     assert change.path.name == expected
-    uninstall(agent, "project", project, home=home)  # type: ignore[arg-type]
-    assert parsed(change.path) in ({}, "")
+    removed = uninstall(agent, "project", project, home=home)  # type: ignore[arg-type]
+    assert removed[0].outcome == "removed"
+    assert not change.path.exists(), "install created it; uninstall leaves no empty file"
+    assert not list(project.rglob("*.memory-mcp.bak")), "no backup files left in the repository"
 
 
 def test_a_different_server_with_the_same_name_is_refused(home: Path, project: Path) -> None:

@@ -262,7 +262,7 @@ def _remove(path: Path, real: Path, current: _Text, block: _Block) -> FileChange
 def write_brief_file(root: Path, text: str) -> FileChange:
     """The git-ignored ``.memory-mcp/brief.md`` that prompt files import."""
     folder = root / BRIEF_DIR
-    _inside(root, folder)
+    _own_brief_paths(root)
     ignore = folder / ".gitignore"
     target = folder / BRIEF_FILE
     if not text.strip():
@@ -279,7 +279,18 @@ def write_brief_file(root: Path, text: str) -> FileChange:
     return FileChange(target, "updated" if existed else "created")
 
 
+def _own_brief_paths(root: Path) -> None:
+    """The brief folder and file must be memory-mcp's own, not links to the user's files."""
+    for path in (root / BRIEF_DIR, root / BRIEF_DIR / BRIEF_FILE, root / BRIEF_DIR / ".gitignore"):
+        if path.is_symlink():
+            raise InvalidInput(
+                f"{path} is a symlink; memory-mcp only writes its own brief file there "
+                "(remove the link, or inject without --import)"
+            )
+
+
 def remove_brief_file(root: Path) -> FileChange:
+    _own_brief_paths(root)
     folder = root / BRIEF_DIR
     target = folder / BRIEF_FILE
     if not target.exists():
@@ -339,7 +350,14 @@ def inject(
 
 def uninject(root: Path, agents: tuple[Agent, ...] = AGENTS) -> list[FileChange]:
     """Remove every managed block (and the brief file) ``inject`` wrote."""
-    changes = [remove_block(root, prompt_file(root, agent)) for agent in agents]
+    paths = [prompt_file(root, agent) for agent in agents]
+    if "codex" in agents:  # the block may be in either, if the override came later
+        paths += [p for p in (root / "AGENTS.md", root / "AGENTS.override.md") if p not in paths]
+    changes = [
+        change
+        for path in paths
+        if (change := remove_block(root, path)).outcome != "absent" or path in paths[: len(agents)]
+    ]
     if not any(_has_block(prompt_file(root, a)) for a in AGENTS if IMPORT_LINES[a]):
         gone = remove_brief_file(root)  # nothing imports it any more
         if gone.outcome != "absent":

@@ -134,9 +134,14 @@ def _edit(
     if outcome == "unchanged" or after == before:
         return ConfigChange(path, "unchanged" if path.exists() else "absent", "")
     real = Path(os.path.realpath(path))  # a symlinked dotfile: edit the file it points to
+    original = real.with_name(real.name + ".memory-mcp.bak")
+    if outcome == "removed" and not original.exists() and after.strip() in ("", "{}"):
+        # No backup of an original: install created this file, and it holds nothing else.
+        real.unlink()
+        return ConfigChange(path, "removed", "file removed")
     backup = _backed_up.get(real)
     if backup is None and real.exists():
-        backup = real.with_name(real.name + ".memory-mcp.bak")
+        backup = original
         if not backup.exists():  # the first backup is the original: never overwrite it
             shutil.copy2(real, backup)
         _backed_up[real] = backup

@@ -80,6 +80,15 @@ def parse_time(value: str) -> datetime:
     return parsed.astimezone(UTC)
 
 
+def _stamp(value: object) -> str:
+    """A timestamp from outside (an import) in the stored form, so it sorts and SQL reads it."""
+    return format_time(parse_time(str(value)))
+
+
+def _stamp_or_none(value: object) -> str | None:
+    return None if value is None or value == "" else _stamp(value)
+
+
 _NORMALIZE_DROP = re.compile(r"[^\w]+", re.UNICODE)
 
 
@@ -176,20 +185,20 @@ class Record:
             scope_key=str(data["scope_key"]),
             content=str(data["content"]),
             agent=str(data["agent"]),
-            created_at=str(data["created_at"]),
-            updated_at=str(data["updated_at"]),
+            created_at=_stamp(data["created_at"]),
+            updated_at=_stamp(data["updated_at"]),
             tags=[str(t) for t in data.get("tags", [])],
             importance=None if importance is None else float(importance),
             pinned=bool(data.get("pinned", False)),
             access_count=int(data.get("access_count", 0)),
-            last_access_at=data.get("last_access_at"),
+            last_access_at=_stamp_or_none(data.get("last_access_at")),
             fold_count=int(data.get("fold_count", 0)),
             merged_from=[MergedEntry.from_json(m) for m in data.get("merged_from", [])],
             supersedes=[str(i) for i in data.get("supersedes", [])],
             replaced_by=data.get("replaced_by"),
             embedder=data.get("embedder"),
             meta=dict(data.get("meta", {})),
-            archived_at=data.get("archived_at"),
+            archived_at=_stamp_or_none(data.get("archived_at")),
             archived_reason=data.get("archived_reason"),
         )
 
