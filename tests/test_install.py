@@ -119,6 +119,7 @@ def test_project_scope_creates_and_removes_the_projects_own_files(
     removed = uninstall(agent, "project", project, home=home)  # type: ignore[arg-type]
     assert removed[0].outcome == "removed"
     assert not change.path.exists(), "install created it; uninstall leaves no empty file"
+    assert not (project / ".codex").exists() and not (project / ".gemini").exists()
     assert not list(project.rglob("*.memory-mcp.bak")), "no backup files left in the repository"
 
 

@@ -138,6 +138,8 @@ def _edit(
     if outcome == "removed" and not original.exists() and after.strip() in ("", "{}"):
         # No backup of an original: install created this file, and it holds nothing else.
         real.unlink()
+        if real.parent.name in (".claude", ".codex", ".gemini") and not any(real.parent.iterdir()):
+            real.parent.rmdir()  # the folder it created for it, too
         return ConfigChange(path, "removed", "file removed")
     backup = _backed_up.get(real)
     if backup is None and real.exists():

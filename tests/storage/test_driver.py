@@ -31,3 +31,30 @@ def test_forcing_a_driver_that_cannot_load_extensions_falls_back_to_no_vectors()
         assert not driver.vectors
         assert "cannot load SQLite extensions" in driver.describe()
         assert "lexical search only" in driver.describe()
+
+
+def test_exp_is_there_for_the_ranker_even_without_math_functions() -> None:
+    import sqlite3
+
+    from memory_mcp.storage.driver import _ensure_exp
+
+    class NoMath:
+        """A connection whose SQL has no exp(), as some SQLite builds."""
+
+        def __init__(self) -> None:
+            self.conn = sqlite3.connect(":memory:")
+            self.added = False
+
+        def execute(self, sql: str) -> sqlite3.Cursor:
+            if "exp(" in sql and not self.added:
+                raise sqlite3.OperationalError("no such function: exp")
+            return self.conn.execute(sql)
+
+        def create_function(self, name: str, narg: int, fn: object, **kw: object) -> None:
+            self.conn.create_function(name, narg, fn, **kw)  # type: ignore[arg-type]
+            self.added = True
+
+    fake = NoMath()
+    _ensure_exp(fake)  # type: ignore[arg-type]
+    assert fake.added
+    assert fake.execute("SELECT round(exp(1), 6)").fetchone() == (2.718282,)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import math
 import sqlite3
 from dataclasses import dataclass
 from types import ModuleType
@@ -55,7 +56,16 @@ class Driver:
         if self.vectors:
             _load_vec(conn)
         conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+        _ensure_exp(conn)
         return conn
+
+
+def _ensure_exp(conn: sqlite3.Connection) -> None:
+    """SQL ``exp()`` for the ranker's prior (``ranker.sql_prior``), on builds without math."""
+    try:
+        conn.execute("SELECT exp(0)").fetchone()
+    except Exception:  # the module's own OperationalError: no math functions compiled in
+        conn.create_function("exp", 1, math.exp, deterministic=True)
 
 
 def _load_vec(conn: Any) -> str:
