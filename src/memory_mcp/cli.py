@@ -956,6 +956,82 @@ def bench_brief(
     )
 
 
+@bench_app.command("perf")
+def bench_perf(
+    sizes: Annotated[
+        str, typer.Option(help="Comma-separated numbers of memories, e.g. 1000,10000,50000,200000.")
+    ] = "1000,10000",
+    samples: Annotated[int, typer.Option(min=5, max=10000, help="Timed calls per figure.")] = 50,
+    launch: Annotated[
+        bool, typer.Option("--launch/--no-launch", help="Also time spawn to tools/list.")
+    ] = True,
+    as_json: JsonOption = False,
+) -> None:
+    """Store / search latency, import rate, brief time, size and memory at each size."""
+    from memory_mcp.bench.launch import run_launch_bench
+    from memory_mcp.bench.perf import cpu_description, run_perf
+
+    try:
+        counts = [int(part) for part in sizes.split(",") if part.strip()]
+    except ValueError:
+        err.print(f"error: --sizes takes numbers separated by commas, got {sizes!r}")
+        raise typer.Exit(2) from None
+    if not counts or min(counts) < 10:
+        err.print("error: --sizes needs numbers of at least 10")
+        raise typer.Exit(2)
+
+    async def work() -> Any:
+        loaded = _settings(None)
+        with _progress("sizes", len(counts)) as report:
+            done = 0
+
+            def step(message: str) -> None:
+                nonlocal done
+                if message.endswith("importing"):
+                    err.print(f"  {message}")
+
+            result = await run_perf(counts, loaded.settings, samples=samples, progress=step)
+            done = len(counts)
+            report(done, len(counts))
+            return result
+
+    result = _run(work)
+    if launch:
+        with tempfile.TemporaryDirectory(prefix="memory-mcp-launch-") as tmp:
+            result.launch_s = run_launch_bench(Path(tmp), launches=10).median
+    if as_json:
+        _print_json({"machine": cpu_description(), **result.to_json()})
+        return
+    out.print(f"machine: {cpu_description()}; embedder: {result.points[0].embedder}")
+    table = Table(
+        "memories",
+        "import/s",
+        "store p50",
+        "store p95",
+        "search p50",
+        "search p95",
+        "brief+inject",
+        "bytes/memory",
+        "RSS MB",
+        box=None,
+    )
+    for point in result.points:
+        table.add_row(
+            f"{point.memories:,}",
+            f"{point.import_per_s:,.0f}",
+            f"{point.store_p50_ms} ms",
+            f"{point.store_p95_ms} ms",
+            f"{point.search_p50_ms} ms",
+            f"{point.search_p95_ms} ms",
+            f"{point.brief_inject_ms} ms",
+            f"{point.bytes_per_memory:,.0f}",
+            f"{point.rss_mb:,.0f}",
+        )
+    out.print(table)
+    if result.launch_s is not None:
+        out.print(f"spawn to tools/list over stdio: median {result.launch_s:.3f} s of 10")
+
+
 @bench_app.command("score")
 def bench_score(
     data: Annotated[Path, typer.Argument(help="Benchmark data (*.jsonl or *.jsonl.gz).")],

@@ -1,0 +1,326 @@
+"""``bench perf``: the speed figures of SPEC §12, at growing numbers of memories.
+
+For each size N, in a fresh store:
+
+1. other projects get N/10 memories each (three of them), so searches must not
+   read other projects' rows or vectors;
+2. the project gets N memories through ``store_many`` (the write pipeline with
+   embedding and fold decisions, as ``import`` and the MCP tools use it):
+   bulk throughput, memories per second;
+3. ``store`` latency: single writes of fresh memories, after a warm-up;
+4. ``search`` latency: hybrid searches with the filters agents use (kinds,
+   tags, a time bound), after a warm-up;
+5. brief + inject time (``build_brief`` then ``inject`` into three files);
+6. database bytes per memory and the process's resident memory.
+
+The memories come from ``generate``: seeded, coding-agent-like (commands,
+decisions, conventions, versions, paths, gotchas across several stacks), of
+varied length, with some near-duplicates that the fold decision has to catch.
+Figures are medians of repetitions (p50) and 95th percentiles (p95).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from memory_mcp.brief import build_brief
+from memory_mcp.config import Settings
+from memory_mcp.embedders.base import Embedder
+from memory_mcp.inject import inject
+from memory_mcp.service import MemoryService, StoreRequest
+
+_STACKS = {
+    "python": ("pytest -q", "uv run", "ruff check .", "mypy --strict", "pyproject.toml", "3.12"),
+    "node": ("npm test", "pnpm install", "eslint .", "tsc --noEmit", "package.json", "20"),
+    "rust": (
+        "cargo test",
+        "cargo build --release",
+        "cargo clippy",
+        "cargo fmt",
+        "Cargo.toml",
+        "1.79",
+    ),
+    "go": (
+        "go test ./...",
+        "go build ./cmd/...",
+        "golangci-lint run",
+        "go vet ./...",
+        "go.mod",
+        "1.22",
+    ),
+    "java": ("./gradlew test", "./gradlew build", "spotless", "checkstyle", "build.gradle", "21"),
+}
+_AREAS = (
+    "billing",
+    "auth",
+    "search",
+    "uploads",
+    "notifications",
+    "reporting",
+    "sync",
+    "checkout",
+    "profiles",
+    "scheduler",
+    "exports",
+    "webhooks",
+    "cache",
+    "metrics",
+    "admin",
+    "onboarding",
+)
+_THINGS = (
+    "Postgres",
+    "Redis",
+    "SQLite",
+    "Kafka",
+    "S3",
+    "GitHub Actions",
+    "Fly.io",
+    "Docker",
+    "Terraform",
+    "Sentry",
+    "Grafana",
+    "nginx",
+    "Celery",
+    "gRPC",
+    "OpenAPI",
+    "feature flags",
+)
+_TEMPLATES = (
+    ("procedure", "Run the {area} tests with `{test}`; they need {thing} running locally."),
+    ("procedure", "Build the {area} service with `{build}` before `{lint}`, or CI fails."),
+    ("decision", "We chose {thing} for {area} because the old setup could not keep up at peak."),
+    ("decision", "The {area} module talks to {thing} only through its adapter in src/{area}/."),
+    ("fact", "The {stack} toolchain is pinned to {version} in {manifest} for {area}."),
+    ("fact", "{area} config lives in config/{area}.toml; secrets come from the environment."),
+    ("gotcha", "Never run `{build}` in the {area} folder directly: it skips the codegen step."),
+    ("gotcha", "The {area} tests are flaky when {thing} starts slowly; rerun once before digging."),
+    ("preference", "For {area}, the user prefers small PRs with the tests in the same commit."),
+    ("fact", "Port {port} serves {area} in development; {thing} listens on {port2}."),
+    ("journal", "Fixed the {area} timeout: the {thing} client had no retry on connection reset."),
+    ("journal", "Moved {area} from {thing} to {thing2}; migration script in scripts/{area}.py."),
+)
+_DETAIL = (
+    " The reason is recorded in docs/adr/{n:04d}.md.",
+    " See the runbook section on {area} for the rollback steps.",
+    " This bit us twice in the last release, so keep it in mind when touching {area}.",
+    " The same applies to the staging environment, which mirrors production settings.",
+)
+
+
+def generate(
+    count: int, seed: int = 1, *, tag_prefix: str = ""
+) -> list[tuple[str, str, list[str]]]:
+    """``count`` coding-agent memories as (kind, text, tags); about 5% near-duplicates."""
+    rng = random.Random(seed)
+    out: list[tuple[str, str, list[str]]] = []
+    for n in range(count):
+        if out and rng.random() < 0.05:  # a reworded repeat of an earlier memory
+            kind, text, tags = rng.choice(out)
+            out.append(
+                (kind, text.replace("The ", "Note: the ", 1).rstrip(".") + " (again).", tags)
+            )
+            continue
+        stack = rng.choice(list(_STACKS))
+        test, build, lint, _types, manifest, version = _STACKS[stack]
+        kind, template = rng.choice(_TEMPLATES)
+        area = rng.choice(_AREAS)
+        values = {
+            "area": f"{area}-{n % 97}",
+            "thing": rng.choice(_THINGS),
+            "thing2": rng.choice(_THINGS),
+            "stack": stack,
+            "test": test,
+            "build": build,
+            "lint": lint,
+            "manifest": manifest,
+            "version": version,
+            "port": 3000 + n % 5000,
+            "port2": 6000 + n % 3000,
+            "n": n,
+        }
+        text = template.format(**values)
+        for detail in rng.sample(_DETAIL, rng.choice((0, 0, 1, 2))):
+            text += detail.format(**values)
+        out.append((kind, text, [f"{tag_prefix}{stack}", f"{tag_prefix}{area}"]))
+    return out
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def resident_mb() -> float:
+    """This process's resident memory now (Linux), else its peak, in MB."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1024 * 1024 if sys.platform == "darwin" else 1024)
+
+
+@dataclass
+class PerfPoint:
+    """The figures at one size."""
+
+    memories: int
+    import_per_s: float
+    store_p50_ms: float
+    store_p95_ms: float
+    search_p50_ms: float
+    search_p95_ms: float
+    brief_inject_ms: float
+    bytes_per_memory: float
+    rss_mb: float
+    embedder: str
+
+
+@dataclass
+class PerfReport:
+    points: list[PerfPoint] = field(default_factory=list)
+    launch_s: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "points": [asdict(p) for p in self.points],
+            "launch_to_tools_list_s": self.launch_s,
+        }
+
+
+async def measure(
+    memory: MemoryService,
+    root: Path,
+    count: int,
+    *,
+    samples: int = 50,
+    progress: Callable[[str], None] | None = None,
+) -> PerfPoint:
+    """Fill ``memory`` (other projects, then ``root``'s project) and time the operations."""
+    say = progress or (lambda _: None)
+    others = [root.parent / f"other-{i}" for i in range(3)]
+    for i, other in enumerate(others):
+        (other / ".git").mkdir(parents=True, exist_ok=True)
+        rows = generate(max(1, count // 10), seed=1000 + i, tag_prefix="o-")
+        await memory.store_many(
+            [StoreRequest(text, kind=kind, cwd=other, tags=tags) for kind, text, tags in rows]
+        )
+    say(f"{count:,}: importing")
+    rows = generate(count + samples * 3, seed=count)
+    bulk, fresh = rows[:count], rows[count:]
+    started = time.perf_counter()
+    await memory.store_many(
+        [StoreRequest(text, kind=kind, cwd=root, tags=tags) for kind, text, tags in bulk]
+    )
+    import_per_s = count / (time.perf_counter() - started)
+
+    say(f"{count:,}: store")
+    store_ms: list[float] = []
+    for n, (kind, text, tags) in enumerate(fresh[: samples + 5]):
+        started = time.perf_counter()
+        await memory.store(f"{text} [{n}]", kind=kind, cwd=root, tags=tags)
+        if n >= 5:  # warm-up
+            store_ms.append((time.perf_counter() - started) * 1000)
+
+    say(f"{count:,}: search")
+    rng = random.Random(count)
+    queries: list[tuple[str, tuple[str, ...], tuple[str, ...], str | None]] = [
+        ("how do I run the tests", (), (), None),
+        ("which database do we use", ("decision",), (), None),
+        ("flaky tests", ("gotcha",), (), None),
+        ("build the service", (), ("python",), None),
+        ("what port does it listen on", (), (), "2000-01-01"),
+    ]
+    search_ms: list[float] = []
+    for n in range(samples + 5):
+        text, kinds, tag_filter, since = queries[n % len(queries)]
+        area = rng.choice(_AREAS)
+        started = time.perf_counter()
+        await memory.search(
+            f"{text} {area}",
+            cwd=root,
+            kinds=kinds,
+            tags=tag_filter,
+            since=since,
+            count_access=False,
+        )
+        if n >= 5:
+            search_ms.append((time.perf_counter() - started) * 1000)
+
+    say(f"{count:,}: brief")
+    brief_ms: list[float] = []
+    for _ in range(5):
+        started = time.perf_counter()
+        brief = await build_brief(memory, root, dated=True)
+        inject(root, brief.text)
+        brief_ms.append((time.perf_counter() - started) * 1000)
+
+    stats = await memory.db.stats()
+    total = sum(stats.records.values())
+    return PerfPoint(
+        memories=count,
+        import_per_s=round(import_per_s, 1),
+        store_p50_ms=round(statistics.median(store_ms), 2),
+        store_p95_ms=round(_percentile(store_ms, 0.95), 2),
+        search_p50_ms=round(statistics.median(search_ms), 2),
+        search_p95_ms=round(_percentile(search_ms, 0.95), 2),
+        brief_inject_ms=round(statistics.median(brief_ms), 1),
+        bytes_per_memory=round(stats.database_bytes / max(1, total), 1),
+        rss_mb=round(resident_mb(), 1),
+        embedder=memory.embeddings.identity or "bm25",
+    )
+
+
+async def run_perf(
+    sizes: Sequence[int],
+    settings: Settings,
+    *,
+    samples: int = 50,
+    embedder: Embedder | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> PerfReport:
+    """One fresh store per size, in a temporary directory."""
+    report = PerfReport()
+    for count in sizes:
+        with tempfile.TemporaryDirectory(prefix="memory-mcp-perf-") as tmp:
+            root = Path(tmp) / "project"
+            (root / ".git").mkdir(parents=True)
+            async with MemoryService.open(
+                settings,
+                database=Path(tmp) / "memory.db",
+                embedder=embedder,
+                wait_for_embedder=60,
+            ) as memory:
+                if embedder is None and not memory.embeddings.ready:
+                    await memory.embeddings.wait_loaded(600)
+                report.points.append(
+                    await measure(memory, root, count, samples=samples, progress=progress)
+                )
+    return report
+
+
+def cpu_description() -> str:
+    """A line about this machine for the report."""
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{os.cpu_count()} cores {model}".strip()
