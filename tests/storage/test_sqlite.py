@@ -203,3 +203,20 @@ async def test_vectors_follow_reembeds_folds_and_deletes_without_touching_others
             assert await tx._fetch("SELECT count(*) FROM retired_vectors") == [(0,)]
     finally:
         await store.close()
+
+
+@pytest.mark.anyio
+async def test_a_time_bound_keeps_the_full_text_match_as_the_outer_loop(tmp_path: Path) -> None:
+    from memory_mcp.storage.base import Filters
+    from memory_mcp.storage.sqlite import SqliteStore, _lexical_sql, _where
+
+    store = await SqliteStore.open(tmp_path / "plan.db")
+    try:
+        where, params = _where(Filters(("k",), ("facts",), since="2000-01-01T00:00:00.000000Z"))
+        plan = await store._queries._fetch(
+            "EXPLAIN QUERY PLAN " + _lexical_sql(where), ["word", *params, 10]
+        )
+        steps = [str(row[-1]) for row in plan]
+        assert "records_fts" in steps[0], steps
+    finally:
+        await store.close()

@@ -178,6 +178,20 @@ def _where(f: Filters, *, live_only: bool = True) -> tuple[str, list[Any]]:
     return " AND ".join(clauses), params
 
 
+def _lexical_sql(where: str) -> str:
+    """The full-text query: BM25 over the matches of ``?``, filtered by ``where``.
+
+    CROSS JOIN keeps the full-text match as the outer loop: with a time bound the
+    planner otherwise walks the date index and runs MATCH once per row (161 ms
+    instead of 29 ms per search at 1,000 memories).
+    """
+    return (
+        f"SELECT {_SELECT}, bm25(records_fts, 1.0, 0.8, 0.3) AS s FROM records_fts "
+        "CROSS JOIN records r ON r.seq = records_fts.rowid "
+        f"WHERE records_fts MATCH ? AND {where} ORDER BY s LIMIT ?"
+    )
+
+
 def _blob(vector: Vector) -> bytes:
     return np.ascontiguousarray(vector, dtype=np.float32).tobytes()
 
@@ -234,12 +248,7 @@ class _Queries:
         if not match or not filters.scope_keys:
             return []
         where, params = _where(filters)
-        rows = await self._fetch(
-            f"SELECT {_SELECT}, bm25(records_fts, 1.0, 0.8, 0.3) AS s FROM records_fts "
-            f"JOIN records r ON r.seq = records_fts.rowid "
-            f"WHERE records_fts MATCH ? AND {where} ORDER BY s LIMIT ?",
-            [match, *params, k],
-        )
+        rows = await self._fetch(_lexical_sql(where), [match, *params, k])
         return [Scored(_record(row), -float(row[-1])) for row in rows]
 
     async def nearest(
