@@ -494,3 +494,19 @@ def test_uninject_finds_the_codex_block_after_an_override_appears(project: Path)
     uninject(project, ("codex",))
     assert (project / "AGENTS.md").read_bytes() == b"rules\n"
     assert (project / "AGENTS.override.md").read_bytes() == b"override\n"
+
+
+def test_without_blocks_reads_any_document() -> None:
+    from memory_mcp.inject import without_blocks
+
+    half = "Intro\n<!-- memory-mcp:begin lead=0 created=0 x -->\nno end here\n"
+    assert without_blocks(half) == half
+    cr = "mine\r\r<!-- memory-mcp:begin lead=1 created=0 x -->\rbrief\r<!-- memory-mcp:end -->\r"
+    assert without_blocks(cr) == "mine\r"
+
+
+def test_a_quoted_marker_does_not_keep_the_brief_file(project: Path) -> None:
+    (project / "CLAUDE.md").write_bytes(b"see `<!-- memory-mcp:begin lead=0 created=0 -->`\n")
+    inject(project, "## Brief\nfacts\n", ("claude",), imports=True)
+    uninject(project)
+    assert not (project / BRIEF_DIR).exists()

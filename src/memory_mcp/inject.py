@@ -111,10 +111,14 @@ class _Text:
             raise InvalidInput(
                 f"{path} is not UTF-8 text; memory-mcp edits UTF-8 prompt files only"
             ) from None
+        return cls.parse(text)
+
+    @classmethod
+    def parse(cls, text: str) -> _Text:
+        """A decoded file's text: its BOM set aside, its line ending noted."""
         bom = text.startswith(_BOM)
-        if bom:
-            text = text[1:]
-        return cls(text, bom, _newline_of(text))
+        body = text[1:] if bom else text
+        return cls(body, bom, _newline_of(body))
 
     def encode(self) -> bytes:
         return ((_BOM if self.bom else "") + self.body).encode("utf-8")
@@ -366,17 +370,20 @@ def uninject(root: Path, agents: tuple[Agent, ...] = AGENTS) -> list[FileChange]
 
 
 def without_blocks(text: str) -> str:
-    """``text`` with every managed block taken out (what ingest may read of a prompt file)."""
-    doc = _Text(
-        text[1:] if text.startswith(_BOM) else text, False, "\r\n" if "\r\n" in text else "\n"
-    )
-    while (block := _find(doc, Path("prompt file"))) is not None:
+    """``text`` with every managed block taken out (what ingest may read of a prompt file).
+
+    A begin marker without its end is left as text: ingest reads any document.
+    """
+    doc = _Text.parse(text)
+    while (block := _find(doc, Path("prompt file"), strict=False)) is not None:
         doc.body = doc.body[: block.start] + doc.body[block.end :]
     return doc.body
 
 
 def _has_block(path: Path) -> bool:
+    """Whether ``path`` holds a managed block (by the same whole-line rule as ``_find``)."""
     try:
-        return _BEGIN.search(path.read_text(encoding="utf-8-sig")) is not None
-    except (OSError, UnicodeDecodeError):
+        text = _Text.read(path)
+    except (OSError, InvalidInput):
         return False
+    return text is not None and _find(text, path, strict=False) is not None
