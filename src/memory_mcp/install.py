@@ -53,12 +53,6 @@ _MATCHERS: dict[Agent, str | None] = {
 }
 
 
-# Files backed up during the current install / uninstall call: a file edited twice
-# (Gemini's settings.json holds both the server and the hook) keeps the backup of
-# its state before the call, not the state between the two edits.
-_backed_up: dict[Path, Path] = {}
-
-
 @dataclass(frozen=True)
 class ConfigChange:
     """One configuration file and what ``install`` / ``uninstall`` did to it."""
@@ -141,12 +135,13 @@ def _edit(
         if real.parent.name in (".claude", ".codex", ".gemini") and not any(real.parent.iterdir()):
             real.parent.rmdir()  # the folder it created for it, too
         return ConfigChange(path, "removed", "file removed")
-    backup = _backed_up.get(real)
-    if backup is None and real.exists():
+    backup = None
+    if real.exists():
+        # The first backup is the original: it is never overwritten, so a file edited
+        # twice (Gemini's settings.json holds the server and the hook) keeps it too.
         backup = original
-        if not backup.exists():  # the first backup is the original: never overwrite it
+        if not backup.exists():
             shutil.copy2(real, backup)
-        _backed_up[real] = backup
     real.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(real, after.encode("utf-8"))
     return ConfigChange(path, "added" if outcome == "added" else "removed", "", backup)
@@ -172,15 +167,27 @@ def _ours(entry: Any) -> bool:
     ] == ["serve"]
 
 
-def _set_server(servers: Any, name: str, entry: dict[str, Any], where: Path) -> str:
-    existing = servers.get(name)
-    if existing is not None and not _ours(existing):
+def _already(existing: Any, name: str, program: str, where: Path) -> bool:
+    """Whether ``existing`` is our entry for ``program`` already (the user may have added
+    to it: env, timeouts); a different server under ``name`` is refused.
+
+    Raises:
+        InvalidInput: ``name`` belongs to another server.
+    """
+    if existing is None:
+        return False
+    if not _ours(existing):
         raise InvalidInput(
             f"{where} already registers a different MCP server named {name!r}; remove it or "
             "install under another name (--name)"
         )
-    if existing is not None and existing.get("command") == entry["command"]:
-        return "unchanged"  # ours already, perhaps with the user's own additions (env, ...)
+    return bool(existing.get("command") == program)
+
+
+def _set_server(servers: Any, name: str, entry: dict[str, Any], where: Path) -> str:
+    existing = servers.get(name)
+    if _already(existing, name, entry["command"], where):
+        return "unchanged"
     servers[name] = {**(existing or {}), **entry}
     return "added"
 
@@ -249,12 +256,7 @@ def _add_toml_server(name: str, program: str, path: Path) -> ConfigChange:
         text = holder["text"]
         data = _parse_toml(text, path)
         existing = _toml_servers(data, path).get(name)
-        if existing is not None and not _ours(existing):
-            raise InvalidInput(
-                f"{path} already registers a different MCP server named {name!r}; remove it "
-                "or install under another name (--name)"
-            )
-        if existing is not None and existing.get("command") == program:
+        if _already(existing, name, program, path):
             return "unchanged"
         if existing is not None:  # ours, from another path: take it out first
             text = _without_toml_server(text, name, path)
@@ -424,7 +426,6 @@ def install(
     home = home or Path.home()
     program = program or command()
     target = server_path(agent, scope, root, home)
-    _backed_up.clear()
     if agent == "codex":
         changes = [_add_toml_server(name, program, target)]
     else:
@@ -445,7 +446,6 @@ def uninstall(
     """Remove what ``install`` added for ``agent`` at ``scope`` (the server and the hook)."""
     home = home or Path.home()
     target = server_path(agent, scope, root, home)
-    _backed_up.clear()
     if agent == "codex":
         changes = [_remove_toml_server(name, target)]
     else:
