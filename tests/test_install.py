@@ -234,3 +234,11 @@ def test_reinstall_keeps_the_users_additions(home: Path, project: Path) -> None:
     assert {c.outcome for c in changes} == {"unchanged"}
     again = json.loads(path.read_text())
     assert again["mcpServers"]["memory"]["env"] == {"MEMORY_MCP_DATA_DIR": "/data"}
+
+
+def test_a_server_entry_without_args_is_someone_elses(home: Path, project: Path) -> None:
+    data = json.loads((home / ".claude.json").read_text())
+    data["mcpServers"]["memory"] = {"command": "memory-mcp", "args": None}
+    (home / ".claude.json").write_text(json.dumps(data))
+    with pytest.raises(InvalidInput, match="different MCP server named 'memory'"):
+        install("claude", "user", project, home=home, program="memory-mcp")

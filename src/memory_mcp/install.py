@@ -161,10 +161,13 @@ def _ours(entry: Any) -> bool:
     """Whether a registered server entry is memory-mcp's."""
     if not isinstance(entry, dict):
         return False
-    program = str(entry.get("command", ""))
-    return Path(program).name in ("memory-mcp", "memory-mcp.exe") and list(entry.get("args", []))[
-        :1
-    ] == ["serve"]
+    program = str(entry.get("command") or "")
+    args = entry.get("args") or []
+    return (
+        Path(program).name in ("memory-mcp", "memory-mcp.exe")
+        and isinstance(args, list)
+        and args[:1] == ["serve"]
+    )
 
 
 def _already(existing: Any, name: str, program: str, where: Path) -> bool:
