@@ -20,7 +20,8 @@ is one transaction, nothing is half-written.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 from urllib.parse import unquote, urlparse
@@ -216,11 +217,18 @@ def working_directory(cwd: str | None, roots: ListRootsResult | None) -> str | N
     return None
 
 
-def _where(cwd: str | None, roots: ListRootsResult | None) -> str | None:
+@contextmanager
+def _tool_errors() -> Iterator[None]:
+    """An engine error becomes a tool error with the engine's message."""
     try:
-        return working_directory(cwd, roots)
+        yield
     except MemoryMcpError as exc:
         raise ToolError(str(exc)) from exc
+
+
+def _where(cwd: str | None, roots: ListRootsResult | None) -> str | None:
+    with _tool_errors():
+        return working_directory(cwd, roots)
 
 
 def _caller(ctx: Context) -> str:
@@ -229,11 +237,9 @@ def _caller(ctx: Context) -> str:
 
 
 async def _call(work: Awaitable[T]) -> T:
-    """Run engine work; an engine error becomes a tool error with its message."""
-    try:
+    """Run engine work under ``_tool_errors``."""
+    with _tool_errors():
         return await work
-    except MemoryMcpError as exc:
-        raise ToolError(str(exc)) from exc
 
 
 def compact_schema(schema: Any, *, nullable: bool = False) -> Any:
