@@ -143,6 +143,35 @@ async def test_filters_apply_before_the_limit_in_the_vector_search(tmp_path: Pat
         await store.close()
 
 
+async def test_the_vector_search_equals_an_exhaustive_ranking(tmp_path: Path) -> None:
+    """Stopping at the first ``k`` distinct records loses nothing (first hit = best passage)."""
+    rng = np.random.default_rng(7)
+    store = await SqliteStore.open(tmp_path / "m.db")
+    try:
+        rows = [record(f"fact {i}", embedder="m") for i in range(300)]
+        matrices = []
+        for i, r in enumerate(rows):
+            r.tags = ["rare"] if i % 23 == 0 else []
+            m = rng.normal(size=(1 + i % 4, 8)).astype(np.float32)
+            matrices.append(m / np.linalg.norm(m, axis=1, keepdims=True))
+        async with store.write() as tx:
+            for r, m in zip(rows, matrices, strict=True):
+                await tx.insert(r, m)
+        query = rng.normal(size=8).astype(np.float32)
+        query /= np.linalg.norm(query)
+        best = {r.id: float((m @ query).max()) for r, m in zip(rows, matrices, strict=True)}
+        rare = {r.id for r in rows if r.tags}
+        tagged = Filters(scope_keys=("/repo",), corpora=("facts",), tags=("rare",))
+        for filters, pool, k in ((FILTERS, set(best), 60), (tagged, rare, 10)):
+            hits = await store.nearest(query, "m", filters, k)
+            expected = sorted(pool, key=lambda rid: -best[rid])[:k]
+            assert [h.record.id for h in hits] == expected
+            for hit in hits:
+                assert abs(hit.score - best[hit.record.id]) < 1e-5
+    finally:
+        await store.close()
+
+
 async def test_a_failed_transaction_leaves_nothing_behind(tmp_path: Path) -> None:
     store = await SqliteStore.open(tmp_path / "m.db")
     try:
