@@ -59,7 +59,17 @@ async def test_export_then_import_reproduces_every_field(tmp_path: Path, project
     async with MemoryService.open(
         Settings(), database=tmp_path / "b.db", embedder=FakeEmbedder()
     ) as b:
-        summary = await import_jsonl(b, text.getvalue().splitlines())
+        written: list[tuple[int, int]] = []
+        embedded: list[tuple[int, int]] = []
+        summary = await import_jsonl(
+            b,
+            text.getvalue().splitlines(),
+            progress=lambda done, total: written.append((done, total)),
+            embed_progress=lambda done, total: embedded.append((done, total)),
+        )
+        # Both phases report, ending complete: the records, then the current ones' vectors.
+        assert written[-1] == (summary.records_added, summary.records_added)
+        assert embedded and embedded[-1][0] == embedded[-1][1] == summary.embedded > 0
         assert summary.records_added == sum(1 for line in original if line["type"] == "record")
         assert summary.conflicts_added == 1 and summary.awaiting_embedding == 0
         restored = await dump(b)

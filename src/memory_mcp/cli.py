@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Annotated, Any, Protocol, TypeVar, cast
 
 import anyio
 import typer
@@ -160,9 +160,17 @@ def _print_json(data: Any) -> None:
     typer.echo(json.dumps(data, ensure_ascii=False, indent=2, default=str))
 
 
+class _Report(Protocol):
+    def __call__(self, done: int, new_total: int | None = None, phase: str | None = None) -> None:
+        """Show ``done`` of ``new_total`` (or the first total), in ``phase`` if given."""
+
+
 @contextmanager
-def _progress(description: str, total: int | None) -> Iterator[Callable[[int, int | None], None]]:
-    """A progress bar on stderr; yields ``report(done, total)`` (total may be None)."""
+def _progress(description: str, total: int | None) -> Iterator[_Report]:
+    """A progress bar on stderr; yields ``report(done, total, description)``.
+
+    ``total`` may be None (unknown); a new ``description`` names the next phase.
+    """
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -173,8 +181,10 @@ def _progress(description: str, total: int | None) -> Iterator[Callable[[int, in
     ) as bar:
         task = bar.add_task(description, total=total)
 
-        def report(done: int, new_total: int | None = None) -> None:
+        def report(done: int, new_total: int | None = None, phase: str | None = None) -> None:
             bar.update(task, completed=done, total=new_total or total)
+            if phase is not None:
+                bar.update(task, description=phase)
 
         yield report
 
@@ -723,10 +733,16 @@ def import_cmd(
 
     async def use(memory: MemoryService) -> Any:
         with _progress("importing", None) as report:
+
+            def embedding(done: int, total: int) -> None:
+                report(done, total, "embedding")
+
             if str(path) == "-":
-                return await import_jsonl(memory, sys.stdin, progress=report)
+                return await import_jsonl(
+                    memory, sys.stdin, progress=report, embed_progress=embedding
+                )
             with path.open(encoding="utf-8") as fh:
-                return await import_jsonl(memory, fh, progress=report)
+                return await import_jsonl(memory, fh, progress=report, embed_progress=embedding)
 
     summary = _with_memory(cwd, use)
     if as_json:
@@ -965,6 +981,10 @@ def bench_perf(
     launch: Annotated[
         bool, typer.Option("--launch/--no-launch", help="Also time spawn to tools/list.")
     ] = True,
+    keep: Annotated[
+        Path | None,
+        typer.Option(help="Keep each size's store in KEEP/<size> (must not exist yet)."),
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Store / search latency, import rate, brief time, size and memory at each size."""
@@ -979,21 +999,21 @@ def bench_perf(
     if not counts or min(counts) < 10:
         err.print("error: --sizes needs numbers of at least 10")
         raise typer.Exit(2)
+    taken = [str(keep / str(n)) for n in counts if keep is not None and (keep / str(n)).exists()]
+    if taken:
+        err.print(f"error: --keep would overwrite {', '.join(taken)}; choose a new folder")
+        raise typer.Exit(2)
 
     async def work() -> Any:
         loaded = _settings(None)
-        with _progress("sizes", len(counts)) as report:
-            done = 0
+        with _progress("starting", None) as report:
 
-            def step(message: str) -> None:
-                nonlocal done
-                if message.endswith("importing"):
-                    err.print(f"  {message}")
+            def step(phase: str, done: int, total: int) -> None:
+                report(done, total, phase)
 
-            result = await run_perf(counts, loaded.settings, samples=samples, progress=step)
-            done = len(counts)
-            report(done, len(counts))
-            return result
+            return await run_perf(
+                counts, loaded.settings, samples=samples, progress=step, keep=keep
+            )
 
     result = _run(work)
     if launch:
@@ -1006,6 +1026,7 @@ def bench_perf(
     table = Table(
         "memories",
         "import/s",
+        "embedded/s",
         "store p50",
         "store p95",
         "search p50",
@@ -1019,6 +1040,7 @@ def bench_perf(
         table.add_row(
             f"{point.memories:,}",
             f"{point.import_per_s:,.0f}",
+            f"{point.import_embedded_per_s:,.0f}",
             f"{point.store_p50_ms} ms",
             f"{point.store_p95_ms} ms",
             f"{point.search_p50_ms} ms",

@@ -107,8 +107,14 @@ async def import_jsonl(
     lines: Iterable[str],
     *,
     progress: Callable[[int, int], None] | None = None,
+    embed_progress: Callable[[int, int], None] | None = None,
 ) -> ImportSummary:
-    """Add an export's records and conflicts to the store, then embed what is current."""
+    """Add an export's records and conflicts to the store, then embed what is current.
+
+    Args:
+        progress: called with (records written, records in the file).
+        embed_progress: called with (records embedded, records to embed).
+    """
     records, conflicts = parse_export(lines)
     added = skipped = 0
     for start in range(0, len(records), _IMPORT_BATCH):
@@ -129,6 +135,6 @@ async def import_jsonl(
                 conflicts_added += int(await tx.import_conflict(conflict))
     embedded = 0
     if memory.embeddings.ready and added:
-        embedded = (await memory.reembed()).embedded
+        embedded = (await memory.reembed(progress=embed_progress)).embedded
     awaiting = await memory.db.count_needing_embedding(memory.embeddings.identity)
     return ImportSummary(added, skipped, conflicts_added, embedded, awaiting)

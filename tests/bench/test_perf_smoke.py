@@ -27,6 +27,7 @@ async def test_a_tiny_perf_run_reports_every_figure() -> None:
     assert point.memories == 30
     for value in (
         point.import_per_s,
+        point.import_embedded_per_s,
         point.store_p50_ms,
         point.store_p95_ms,
         point.search_p50_ms,

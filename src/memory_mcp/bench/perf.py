@@ -4,9 +4,10 @@ For each size N, in a fresh store:
 
 1. other projects get N/10 memories each (three of them), so searches must not
    read other projects' rows or vectors;
-2. the project gets N memories through ``store_many`` (the write pipeline with
-   embedding and fold decisions, as ``import`` and the MCP tools use it):
-   bulk throughput, memories per second;
+2. the project gets N memories through ``import`` (``exchange.import_jsonl``,
+   what ``memory-mcp import`` runs on an export file): bulk throughput in
+   memories per second, once to the records written (searchable, lexically)
+   and once to every record embedded (the end of the command);
 3. ``store`` latency: single writes of fresh memories, after a warm-up;
 4. ``search`` latency: hybrid searches with the filters agents use (kinds,
    tags, a time bound), after a warm-up;
@@ -21,6 +22,8 @@ Figures are medians of repetitions (p50) and 95th percentiles (p95).
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import random
 import statistics
@@ -29,14 +32,19 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from memory_mcp.brief import build_brief
-from memory_mcp.config import Settings
+from memory_mcp.config import Settings, WriteSettings
 from memory_mcp.embedders.base import Embedder
+from memory_mcp.exchange import EXPORT_FORMAT, EXPORT_VERSION, import_jsonl
 from memory_mcp.inject import inject
-from memory_mcp.service import MemoryService, StoreRequest
+from memory_mcp.records import utcnow
+from memory_mcp.scope import project_scope
+from memory_mcp.service import MemoryService
+from memory_mcp.write import prepare
 
 _STACKS = {
     "python": ("pytest -q", "uv run", "ruff check .", "mypy --strict", "pyproject.toml", "3.12"),
@@ -155,6 +163,38 @@ def generate(
     return out
 
 
+Progress = Callable[[str, int, int], None]
+"""Called with (phase, done, total) as a run goes on."""
+
+
+def _silent(phase: str, done: int, total: int) -> None:
+    """No progress shown."""
+
+
+def export_lines(rows: Sequence[tuple[str, str, list[str]]], root: Path) -> list[str]:
+    """``rows`` as a ``memory-mcp export`` file of project ``root``, one minute apart."""
+    scope = project_scope(root)
+    end = utcnow().timestamp()
+    header = {"type": "header", "format": EXPORT_FORMAT, "version": EXPORT_VERSION}
+    lines = [json.dumps(header)]
+    settings = WriteSettings.model_validate({})
+    for n, (kind, text, tags) in enumerate(rows):
+        at = datetime.fromtimestamp(end - 60 * (len(rows) - n), tz=UTC)
+        draft = prepare(
+            text,
+            kind=kind,
+            scope=scope,
+            importance=None,
+            tags=tags,
+            agent="bench",
+            at=at,
+            settings=settings,
+        )
+        record = draft.record
+        lines.append(json.dumps({"type": "record", **record.to_json()}))
+    return lines
+
+
 def _percentile(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
@@ -179,7 +219,8 @@ class PerfPoint:
     """The figures at one size."""
 
     memories: int
-    import_per_s: float
+    import_per_s: float  # records written (searchable lexically at once)
+    import_embedded_per_s: float  # records written and embedded: the whole import
     store_p50_ms: float
     store_p95_ms: float
     search_p50_ms: float
@@ -208,27 +249,41 @@ async def measure(
     count: int,
     *,
     samples: int = 50,
-    progress: Callable[[str], None] | None = None,
+    progress: Progress | None = None,
 ) -> PerfPoint:
     """Fill ``memory`` (other projects, then ``root``'s project) and time the operations."""
-    say = progress or (lambda _: None)
+    say = progress or _silent
     others = [root.parent / f"other-{i}" for i in range(3)]
     for i, other in enumerate(others):
         (other / ".git").mkdir(parents=True, exist_ok=True)
         rows = generate(max(1, count // 10), seed=1000 + i, tag_prefix="o-")
-        await memory.store_many(
-            [StoreRequest(text, kind=kind, cwd=other, tags=tags) for kind, text, tags in rows]
-        )
-    say(f"{count:,}: importing")
+
+        def other_embedded(done: int, total: int, i: int = i) -> None:
+            say(f"{count:,}: other project {i + 1} of 3, embedding", done, total)
+
+        await import_jsonl(memory, export_lines(rows, other), embed_progress=other_embedded)
     rows = generate(count + samples * 3, seed=count)
     bulk, fresh = rows[:count], rows[count:]
-    started = time.perf_counter()
-    await memory.store_many(
-        [StoreRequest(text, kind=kind, cwd=root, tags=tags) for kind, text, tags in bulk]
-    )
-    import_per_s = count / (time.perf_counter() - started)
+    lines = export_lines(bulk, root)
+    written = 0.0
 
-    say(f"{count:,}: store")
+    def on_written(done: int, total: int) -> None:
+        nonlocal written
+        say(f"{count:,}: importing", done, total)
+        if done == total:
+            written = time.perf_counter()
+
+    def on_embedded(done: int, total: int) -> None:
+        say(f"{count:,}: importing, embedding", done, total)
+
+    started = time.perf_counter()
+    summary = await import_jsonl(memory, lines, progress=on_written, embed_progress=on_embedded)
+    if summary.records_added != count or (memory.embeddings.ready and summary.awaiting_embedding):
+        raise RuntimeError(f"the import was incomplete: {summary}")
+    import_per_s = count / (written - started)
+    import_embedded_per_s = count / (time.perf_counter() - started)
+
+    say(f"{count:,}: store", 0, 1)
     store_ms: list[float] = []
     for n, (kind, text, tags) in enumerate(fresh[: samples + 5]):
         started = time.perf_counter()
@@ -236,7 +291,7 @@ async def measure(
         if n >= 5:  # warm-up
             store_ms.append((time.perf_counter() - started) * 1000)
 
-    say(f"{count:,}: search")
+    say(f"{count:,}: search", 0, 1)
     rng = random.Random(count)
     queries: list[tuple[str, tuple[str, ...], tuple[str, ...], str | None]] = [
         ("how do I run the tests", (), (), None),
@@ -261,7 +316,7 @@ async def measure(
         if n >= 5:
             search_ms.append((time.perf_counter() - started) * 1000)
 
-    say(f"{count:,}: brief")
+    say(f"{count:,}: brief", 0, 1)
     brief_ms: list[float] = []
     for _ in range(5):
         started = time.perf_counter()
@@ -274,6 +329,7 @@ async def measure(
     return PerfPoint(
         memories=count,
         import_per_s=round(import_per_s, 1),
+        import_embedded_per_s=round(import_embedded_per_s, 1),
         store_p50_ms=round(statistics.median(store_ms), 2),
         store_p95_ms=round(_percentile(store_ms, 0.95), 2),
         search_p50_ms=round(statistics.median(search_ms), 2),
@@ -291,17 +347,25 @@ async def run_perf(
     *,
     samples: int = 50,
     embedder: Embedder | None = None,
-    progress: Callable[[str], None] | None = None,
+    progress: Progress | None = None,
+    keep: Path | None = None,
 ) -> PerfReport:
-    """One fresh store per size, in a temporary directory."""
+    """One fresh store per size: in a temporary directory, or ``keep/<size>`` to keep it."""
     report = PerfReport()
     for count in sizes:
-        with tempfile.TemporaryDirectory(prefix="memory-mcp-perf-") as tmp:
-            root = Path(tmp) / "project"
+        with contextlib.ExitStack() as stack:
+            if keep is None:
+                tmp = Path(
+                    stack.enter_context(tempfile.TemporaryDirectory(prefix="memory-mcp-perf-"))
+                )
+            else:
+                tmp = keep / str(count)
+                tmp.mkdir(parents=True, exist_ok=False)
+            root = tmp / "project"
             (root / ".git").mkdir(parents=True)
             async with MemoryService.open(
                 settings,
-                database=Path(tmp) / "memory.db",
+                database=tmp / "memory.db",
                 embedder=embedder,
                 wait_for_embedder=60,
             ) as memory:
