@@ -46,6 +46,14 @@ def action(old: str, new: str, similarity: float | None) -> str:
          "The `new_checkout` feature flag is disabled for all users.", 0.93, "conflict"),
         ("Always rebase feature branches onto main before merging.",
          "Never rebase feature branches; merge main into them instead.", 0.80, "conflict"),
+        # A loose paraphrase may word the same rule with a negation: a contradiction
+        # restates what it negates, sharing more than a third of its words.
+        ("`npm run typecheck` runs `tsc --noEmit` across the project.",
+         "Type checking without emitting output is wired to the typecheck npm script "
+         "(tsc --noEmit).", 0.81, "fold"),
+        ("The public REST API is versioned under `/api/v2/`; v1 routes were removed.",
+         "All public endpoints live beneath /api/v2, and the v1 prefix no longer exists.",
+         0.77, "fold"),
         # Duplicates: reworded, same values (number words and units included).
         ("Kubernetes pods for beacon have a memory limit of 512Mi.",
          "beacon containers are capped at 512 MiB of RAM in the k8s manifests.", 0.81, "fold"),
