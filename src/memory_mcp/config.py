@@ -69,7 +69,16 @@ class EmbedderSettings(_Section):
         le=8192,
         description="Tokens per embedded window (all-MiniLM-L6-v2 was trained on 256).",
     )
-    batch_size: int = Field(32, ge=1, le=1024, description="Texts per embedding batch.")
+    batch_size: int = Field(
+        4,
+        ge=1,
+        le=1024,
+        description=(
+            "Texts per embedding batch (one model run, or one HTTP request). On a CPU, "
+            "larger batches are no faster and need far more memory for long texts; an HTTP "
+            "embeddings server may prefer 32 or more."
+        ),
+    )
     openai_base_url: str = Field(
         "",
         description=(
