@@ -249,3 +249,16 @@ async def test_a_time_bound_keeps_the_full_text_match_as_the_outer_loop(tmp_path
         assert "records_fts" in steps[0], steps
     finally:
         await store.close()
+
+
+async def test_the_exact_repeat_check_looks_the_hash_up_in_its_index(tmp_path: Path) -> None:
+    from memory_mcp.storage.sqlite import _hash_sql, _where
+
+    store = await SqliteStore.open(tmp_path / "plan.db")
+    try:
+        where, params = _where(FILTERS)
+        plan = await store._queries._fetch("EXPLAIN QUERY PLAN " + _hash_sql(where), ["h", *params])
+        steps = [str(row[-1]) for row in plan]
+        assert any("records_hash" in step and "content_hash=?" in step for step in steps), steps
+    finally:
+        await store.close()
