@@ -262,3 +262,20 @@ async def test_the_exact_repeat_check_looks_the_hash_up_in_its_index(tmp_path: P
         assert any("records_hash" in step and "content_hash=?" in step for step in steps), steps
     finally:
         await store.close()
+
+
+async def test_records_found_by_vector_are_read_by_rowid(tmp_path: Path) -> None:
+    from memory_mcp.storage.sqlite import _by_seq_sql, _where
+
+    store = await SqliteStore.open(tmp_path / "plan.db")
+    try:
+        tagged = Filters(scope_keys=("/repo",), corpora=("facts",), tags=("rare",))
+        for filters in (FILTERS, tagged):
+            where, params = _where(filters)
+            plan = await store._queries._fetch(
+                "EXPLAIN QUERY PLAN " + _by_seq_sql(3, where), [1, 2, 3, *params]
+            )
+            steps = [str(row[-1]) for row in plan]
+            assert "INTEGER PRIMARY KEY" in steps[0], steps
+    finally:
+        await store.close()

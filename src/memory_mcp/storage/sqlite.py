@@ -178,6 +178,19 @@ def _where(f: Filters, *, live_only: bool = True) -> tuple[str, list[Any]]:
     return " AND ".join(clauses), params
 
 
+def _by_seq_sql(count: int, where: str) -> str:
+    """Given records (by ``seq``) that pass the filters ``where``.
+
+    Left to itself, SQLite reads them through ``records_live`` (the filters'
+    equalities), i.e. every live record of the project: 14-18 ms at 50,000.
+    NOT INDEXED leaves it the rowid lookups.
+    """
+    return (
+        f"SELECT {_SELECT}, r.seq FROM records r NOT INDEXED "
+        f"WHERE r.seq IN ({', '.join('?' * count)}) AND {where}"
+    )
+
+
 def _hash_sql(where: str) -> str:
     """Records with a given content hash, newest first.
 
@@ -312,7 +325,7 @@ class _Queries:
             return []
         where, params = _where(filters)
         rows = await self._fetch(
-            f"SELECT {_SELECT}, r.seq FROM records r WHERE r.seq IN ({_marks(best)}) AND {where}",
+            _by_seq_sql(len(best), where),
             [*best, *params],
         )
         return [Scored(_record(row), best[int(row[-1])]) for row in rows]
