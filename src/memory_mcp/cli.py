@@ -13,7 +13,7 @@ import os
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager, contextmanager, nullcontext
 from dataclasses import asdict
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -182,9 +182,7 @@ def _progress(description: str, total: int | None) -> Iterator[_Report]:
         task = bar.add_task(description, total=total)
 
         def report(done: int, new_total: int | None = None, phase: str | None = None) -> None:
-            bar.update(task, completed=done, total=new_total or total)
-            if phase is not None:
-                bar.update(task, description=phase)
+            bar.update(task, completed=done, total=new_total or total, description=phase)
 
         yield report
 
@@ -737,12 +735,9 @@ def import_cmd(
             def embedding(done: int, total: int) -> None:
                 report(done, total, "embedding")
 
-            if str(path) == "-":
-                return await import_jsonl(
-                    memory, sys.stdin, progress=report, embed_progress=embedding
-                )
-            with path.open(encoding="utf-8") as fh:
-                return await import_jsonl(memory, fh, progress=report, embed_progress=embedding)
+            source = nullcontext(sys.stdin) if str(path) == "-" else path.open(encoding="utf-8")
+            with source as lines:
+                return await import_jsonl(memory, lines, progress=report, embed_progress=embedding)
 
     summary = _with_memory(cwd, use)
     if as_json:

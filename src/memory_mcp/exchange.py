@@ -41,18 +41,28 @@ class ImportSummary:
     awaiting_embedding: int
 
 
-async def export_jsonl(memory: MemoryService, out: TextIO) -> ExportSummary:
-    """Write the whole store to ``out``."""
+def header_line() -> str:
+    """The first line of an export file."""
     header = {
         "type": "header",
         "format": EXPORT_FORMAT,
         "version": EXPORT_VERSION,
         "exported_at": format_time(utcnow()),
     }
-    out.write(json.dumps(header) + "\n")
+    return json.dumps(header)
+
+
+def record_line(record: Record) -> str:
+    """One record's line of an export file."""
+    return json.dumps({"type": "record", **record.to_json()}, ensure_ascii=False)
+
+
+async def export_jsonl(memory: MemoryService, out: TextIO) -> ExportSummary:
+    """Write the whole store to ``out``."""
+    out.write(header_line() + "\n")
     records = 0
     async for record in memory.db.iter_records():
-        out.write(json.dumps({"type": "record", **record.to_json()}, ensure_ascii=False) + "\n")
+        out.write(record_line(record) + "\n")
         records += 1
     conflicts = await memory.db.conflicts()
     for conflict in conflicts:

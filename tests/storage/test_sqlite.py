@@ -273,7 +273,7 @@ async def test_records_found_by_vector_are_read_by_rowid(tmp_path: Path) -> None
         for filters in (FILTERS, tagged):
             where, params = _where(filters)
             plan = await store._queries._fetch(
-                "EXPLAIN QUERY PLAN " + _by_seq_sql(3, where), [1, 2, 3, *params]
+                "EXPLAIN QUERY PLAN " + _by_seq_sql([1, 2, 3], where), [1, 2, 3, *params]
             )
             steps = [str(row[-1]) for row in plan]
             assert "INTEGER PRIMARY KEY" in steps[0], steps

@@ -23,7 +23,6 @@ Figures are medians of repetitions (p50) and 95th percentiles (p95).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import random
 import statistics
@@ -39,7 +38,7 @@ from typing import Any
 from memory_mcp.brief import build_brief
 from memory_mcp.config import Settings, WriteSettings
 from memory_mcp.embedders.base import Embedder
-from memory_mcp.exchange import EXPORT_FORMAT, EXPORT_VERSION, import_jsonl
+from memory_mcp.exchange import header_line, import_jsonl, record_line
 from memory_mcp.inject import inject
 from memory_mcp.records import utcnow
 from memory_mcp.scope import project_scope
@@ -175,8 +174,7 @@ def export_lines(rows: Sequence[tuple[str, str, list[str]]], root: Path) -> list
     """``rows`` as a ``memory-mcp export`` file of project ``root``, one minute apart."""
     scope = project_scope(root)
     end = utcnow().timestamp()
-    header = {"type": "header", "format": EXPORT_FORMAT, "version": EXPORT_VERSION}
-    lines = [json.dumps(header)]
+    lines = [header_line()]
     settings = WriteSettings.model_validate({})
     for n, (kind, text, tags) in enumerate(rows):
         at = datetime.fromtimestamp(end - 60 * (len(rows) - n), tz=UTC)
@@ -190,8 +188,7 @@ def export_lines(rows: Sequence[tuple[str, str, list[str]]], root: Path) -> list
             at=at,
             settings=settings,
         )
-        record = draft.record
-        lines.append(json.dumps({"type": "record", **record.to_json()}))
+        lines.append(record_line(draft.record))
     return lines
 
 

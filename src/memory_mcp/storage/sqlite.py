@@ -178,7 +178,7 @@ def _where(f: Filters, *, live_only: bool = True) -> tuple[str, list[Any]]:
     return " AND ".join(clauses), params
 
 
-def _by_seq_sql(count: int, where: str) -> str:
+def _by_seq_sql(seqs: Collection[int], where: str) -> str:
     """Given records (by ``seq``) that pass the filters ``where``.
 
     Left to itself, SQLite reads them through ``records_live`` (the filters'
@@ -187,7 +187,7 @@ def _by_seq_sql(count: int, where: str) -> str:
     """
     return (
         f"SELECT {_SELECT}, r.seq FROM records r NOT INDEXED "
-        f"WHERE r.seq IN ({', '.join('?' * count)}) AND {where}"
+        f"WHERE r.seq IN ({_marks(seqs)}) AND {where}"
     )
 
 
@@ -325,7 +325,7 @@ class _Queries:
             return []
         where, params = _where(filters)
         rows = await self._fetch(
-            _by_seq_sql(len(best), where),
+            _by_seq_sql(best, where),
             [*best, *params],
         )
         return [Scored(_record(row), best[int(row[-1])]) for row in rows]
