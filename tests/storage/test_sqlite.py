@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from memory_mcp.records import Record, format_time, utcnow
+from memory_mcp.storage import dense
 from memory_mcp.storage.base import Filters
 from memory_mcp.storage.sqlite import SqliteStore
 from memory_mcp.write import new_id
@@ -143,31 +145,41 @@ async def test_filters_apply_before_the_limit_in_the_vector_search(tmp_path: Pat
         await store.close()
 
 
-async def test_the_vector_search_equals_an_exhaustive_ranking(tmp_path: Path) -> None:
-    """Stopping at the first ``k`` distinct records loses nothing (first hit = best passage)."""
+@pytest.mark.parametrize(("copy", "dim", "tolerance"), [(True, 384, 1e-3), (False, 8, 1e-5)])
+async def test_the_vector_search_equals_an_exhaustive_ranking(
+    tmp_path: Path, copy: bool, dim: int, tolerance: float
+) -> None:
+    """Stopping at the first ``k`` distinct records loses nothing (first hit = best passage).
+
+    The in-memory copy scores int8 codes: every cosine within ``tolerance`` of the
+    exact one, so only records that close together may trade places.
+    """
     rng = np.random.default_rng(7)
-    store = await SqliteStore.open(tmp_path / "m.db")
+    store = await SqliteStore.open(tmp_path / "m.db", vector_copy=copy)
     try:
         rows = [record(f"fact {i}", embedder="m") for i in range(300)]
         matrices = []
         for i, r in enumerate(rows):
             r.tags = ["rare"] if i % 23 == 0 else []
-            m = rng.normal(size=(1 + i % 4, 8)).astype(np.float32)
+            m = rng.normal(size=(1 + i % 4, dim)).astype(np.float32)
             matrices.append(m / np.linalg.norm(m, axis=1, keepdims=True))
         async with store.write() as tx:
             for r, m in zip(rows, matrices, strict=True):
                 await tx.insert(r, m)
-        query = rng.normal(size=8).astype(np.float32)
+        query = rng.normal(size=dim).astype(np.float32)
         query /= np.linalg.norm(query)
         best = {r.id: float((m @ query).max()) for r, m in zip(rows, matrices, strict=True)}
         rare = {r.id for r in rows if r.tags}
         tagged = Filters(scope_keys=("/repo",), corpora=("facts",), tags=("rare",))
         for filters, pool, k in ((FILTERS, set(best), 60), (tagged, rare, 10)):
             hits = await store.nearest(query, "m", filters, k)
-            expected = sorted(pool, key=lambda rid: -best[rid])[:k]
-            assert [h.record.id for h in hits] == expected
+            ids = [h.record.id for h in hits]
+            assert len(set(ids)) == len(ids) == k and set(ids) <= pool
             for hit in hits:
-                assert abs(hit.score - best[hit.record.id]) < 1e-5
+                assert abs(hit.score - best[hit.record.id]) < tolerance
+            exact = [best[i] for i in ids]
+            assert all(a >= b - 2 * tolerance for a, b in itertools.pairwise(exact))
+            assert max(best[i] for i in pool - set(ids)) <= min(exact) + 2 * tolerance
     finally:
         await store.close()
 
@@ -277,5 +289,141 @@ async def test_records_found_by_vector_are_read_by_rowid(tmp_path: Path) -> None
             )
             steps = [str(row[-1]) for row in plan]
             assert "INTEGER PRIMARY KEY" in steps[0], steps
+    finally:
+        await store.close()
+
+
+async def test_vector_slots_are_found_by_record_id(tmp_path: Path) -> None:
+    from memory_mcp.storage.sqlite import _slots_sql
+
+    store = await SqliteStore.open(tmp_path / "plan.db")
+    try:
+        ids = [f"f_{i}" for i in range(60)]  # from 30 on, SQLite preferred records_embedder
+        plan = await store._queries._fetch("EXPLAIN QUERY PLAN " + _slots_sql(ids), [*ids, "m"])
+        steps = [str(row[-1]) for row in plan]
+        assert "(id=?)" in steps[0] and "records_embedder" not in steps[0], steps
+    finally:
+        await store.close()
+
+
+# The in-memory copy of the vector tables follows every writer of the file.
+
+
+async def ids_near(store: SqliteStore, vector: np.ndarray, filters: Filters = FILTERS) -> list[str]:
+    return [h.record.id for h in await store.nearest(vector, "m", filters, 5)]
+
+
+async def test_a_copy_sees_what_another_process_writes(tmp_path: Path) -> None:
+    reader = await SqliteStore.open(tmp_path / "m.db")
+    writer = await SqliteStore.open(tmp_path / "m.db")
+    try:
+        a, b = record("alpha", embedder="m"), record("beta", embedder="m")
+        async with writer.write() as tx:
+            await tx.insert(a, unit(1, 0, 0)[None, :])
+        assert await ids_near(reader, unit(1, 0, 0)) == [a.id]
+        assert "in-memory copy" in reader.vector_copy
+
+        async with writer.write() as tx:  # a new record, then a re-embed
+            await tx.insert(b, unit(0, 1, 0)[None, :])
+        assert (await ids_near(reader, unit(0, 1, 0)))[0] == b.id
+        async with writer.write() as tx:
+            await tx.set_vectors([(a.id, unit(0, 0, 1)[None, :])], "m")
+        hits = await reader.nearest(unit(0, 0, 1), "m", FILTERS, 1)
+        assert [h.record.id for h in hits] == [a.id] and abs(hits[0].score - 1.0) < 1e-3
+        assert abs((await reader.dense_scores(unit(0, 0, 1), "m", [a.id]))[a.id] - 1.0) < 1e-3
+
+        async with writer.write() as tx:  # archived: gone from the copy too
+            await tx.archive(a.id, "forgotten", format_time(utcnow()))
+        assert await ids_near(reader, unit(0, 0, 1)) == [b.id]
+        assert await reader.dense_scores(unit(0, 0, 1), "m", [a.id]) == {}
+    finally:
+        await reader.close()
+        await writer.close()
+
+
+async def test_each_scope_is_loaded_when_first_searched(tmp_path: Path) -> None:
+    store = await SqliteStore.open(tmp_path / "m.db")
+    try:
+        here, there = record("here", embedder="m"), record("there", embedder="m")
+        there.scope_key = "/other"
+        async with store.write() as tx:
+            await tx.insert(here, unit(1, 0, 0)[None, :])
+            await tx.insert(there, unit(1, 0, 0)[None, :])
+        assert await ids_near(store, unit(1, 0, 0)) == [here.id]
+        both = Filters(scope_keys=("/repo", "/other"), corpora=("facts",))
+        assert sorted(await ids_near(store, unit(1, 0, 0), both)) == sorted([here.id, there.id])
+    finally:
+        await store.close()
+
+
+async def test_a_transaction_sees_its_own_uncommitted_vectors(tmp_path: Path) -> None:
+    """A batch of stores folds within itself: later items find the earlier ones."""
+    store = await SqliteStore.open(tmp_path / "m.db")
+    try:
+        a, b = record("alpha", embedder="m"), record("beta", embedder="m")
+        async with store.write() as tx:
+            await tx.insert(a, unit(1, 0, 0)[None, :])
+        assert await ids_near(store, unit(1, 0, 0)) == [a.id]  # the copy is loaded
+        async with store.write() as tx:
+            await tx.insert(b, unit(0, 1, 0)[None, :])
+            await tx.set_vectors([(a.id, unit(0, 0, 1)[None, :])], "m")
+            assert [h.record.id for h in await tx.nearest(unit(0, 1, 0), "m", FILTERS, 1)] == [b.id]
+            hits = await tx.nearest(unit(0, 0, 1), "m", FILTERS, 1)
+            assert [h.record.id for h in hits] == [a.id] and abs(hits[0].score - 1.0) < 1e-5
+            assert abs((await tx.dense_scores(unit(1, 0, 0), "m", [a.id]))[a.id]) < 1e-5
+        # committed now, and the copy has caught up
+        hits = await store.nearest(unit(0, 0, 1), "m", FILTERS, 1)
+        assert [h.record.id for h in hits] == [a.id] and abs(hits[0].score - 1.0) < 1e-3
+    finally:
+        await store.close()
+
+
+async def test_a_copy_far_behind_the_log_reloads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(dense, "_RELOAD_AFTER", 2)
+    reader = await SqliteStore.open(tmp_path / "m.db")
+    writer = await SqliteStore.open(tmp_path / "m.db")
+    try:
+        rows = [record(f"fact {i}", embedder="m") for i in range(6)]
+        async with writer.write() as tx:
+            await tx.insert(rows[0], unit(1, 0, 0)[None, :])
+        assert await ids_near(reader, unit(1, 0, 0)) == [rows[0].id]
+        async with writer.write() as tx:
+            for i, r in enumerate(rows[1:], start=1):
+                await tx.insert(r, unit(1, i, 0)[None, :])
+        assert await ids_near(reader, unit(0, 1, 0)) == [r.id for r in reversed(rows[1:])]
+    finally:
+        await reader.close()
+        await writer.close()
+
+
+async def test_an_unknown_vec0_layout_falls_back_to_vec0_searches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(dense, "_SUPPORTED_LAYOUT", ("9", "9"))
+    store = await SqliteStore.open(tmp_path / "m.db")
+    try:
+        a = record("alpha", embedder="m")
+        async with store.write() as tx:
+            await tx.insert(a, unit(1, 0, 0)[None, :])
+        hits = await store.nearest(unit(1, 0, 0), "m", FILTERS, 5)
+        assert [h.record.id for h in hits] == [a.id] and abs(hits[0].score - 1.0) < 1e-6
+        assert store.vector_copy.startswith("through vec0")
+    finally:
+        await store.close()
+
+
+async def test_the_change_log_is_pruned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from memory_mcp.storage import sqlite
+
+    monkeypatch.setattr(sqlite, "KEEP_CHANGES", 10)
+    store = await SqliteStore.open(tmp_path / "m.db")
+    try:
+        async with store.write() as tx:
+            for i in range(1005):
+                await tx.insert(record(f"fact {i}", embedder="m"), unit(1, i, 0)[None, :])
+            rows = await tx._fetch("SELECT count(*), min(id) FROM vector_changes")
+        assert rows == [(15, 991)]
     finally:
         await store.close()

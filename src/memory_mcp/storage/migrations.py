@@ -179,9 +179,21 @@ def _m002_emphasis(conn: sqlite3.Connection) -> None:
     )
 
 
+M003_VECTOR_CHANGES = """
+-- Every write or delete of a record's vectors, so that the in-memory copies of
+-- the vector tables (storage/dense.py) in every process can catch up.
+CREATE TABLE vector_changes (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    embedder TEXT NOT NULL,
+    seq INTEGER NOT NULL
+);
+"""
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration("m001_records", _script(M001_RECORDS)),
     Migration("m002_emphasis", _m002_emphasis),
+    Migration("m003_vector_changes", _script(M003_VECTOR_CHANGES)),
 )
 
 
