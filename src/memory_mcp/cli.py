@@ -978,13 +978,16 @@ def bench_perf(
     ] = True,
     keep: Annotated[
         Path | None,
-        typer.Option(help="Keep each size's store in KEEP/<size> (must not exist yet)."),
+        typer.Option(
+            help="Keep each size's store in KEEP/<size>; a store kept there by an earlier "
+            "run is measured again without refilling it."
+        ),
     ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Store / search latency, import rate, brief time, size and memory at each size."""
     from memory_mcp.bench.launch import run_launch_bench
-    from memory_mcp.bench.perf import cpu_description, run_perf
+    from memory_mcp.bench.perf import cpu_description, kept_fill, run_perf
 
     try:
         counts = [int(part) for part in sizes.split(",") if part.strip()]
@@ -994,10 +997,13 @@ def bench_perf(
     if not counts or min(counts) < 10:
         err.print("error: --sizes needs numbers of at least 10")
         raise typer.Exit(2)
-    taken = [str(keep / str(n)) for n in counts if keep is not None and (keep / str(n)).exists()]
-    if taken:
-        err.print(f"error: --keep would overwrite {', '.join(taken)}; choose a new folder")
-        raise typer.Exit(2)
+    if keep is not None:
+        for n in counts:
+            try:
+                kept_fill(keep / str(n))
+            except ValueError as exc:
+                err.print(f"error: {exc}")
+                raise typer.Exit(2) from None
 
     async def work() -> Any:
         loaded = _settings(None)
@@ -1026,6 +1032,7 @@ def bench_perf(
         "store p95",
         "search p50",
         "search p95",
+        "1st search",
         "brief+inject",
         "bytes/memory",
         "RSS MB",
@@ -1040,6 +1047,7 @@ def bench_perf(
             f"{point.store_p95_ms} ms",
             f"{point.search_p50_ms} ms",
             f"{point.search_p95_ms} ms",
+            f"{point.first_search_ms} ms",
             f"{point.brief_inject_ms} ms",
             f"{point.bytes_per_memory:,.0f}",
             f"{point.rss_mb:,.0f}",

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
-from memory_mcp.bench.perf import generate, run_perf
+from memory_mcp.bench.perf import generate, kept_fill, run_perf
 from memory_mcp.config import Settings
 from memory_mcp.embedders.base import FakeEmbedder
 
@@ -39,3 +42,30 @@ async def test_a_tiny_perf_run_reports_every_figure() -> None:
         assert value > 0
     assert point.store_p95_ms >= point.store_p50_ms
     assert report.to_json()["points"][0]["embedder"] == "fake:hash-256"
+
+
+async def test_a_kept_store_is_measured_again_without_refilling(tmp_path: Path) -> None:
+    first = await run_perf([30], Settings(), samples=5, embedder=FakeEmbedder(), keep=tmp_path)
+    again = await run_perf([30], Settings(), samples=5, embedder=FakeEmbedder(), keep=tmp_path)
+    (one,), (two,) = first.points, again.points
+    assert (one.run_on_store, two.run_on_store) == (1, 2)
+    assert two.import_per_s == one.import_per_s  # the figures of the run that filled it
+    assert json.loads((tmp_path / "30" / "fill.json").read_text())["runs"] == 2
+    stats = await _stats(tmp_path / "30" / "memory.db")
+    assert stats == 30 + 3 * 3 + 2 * (5 + 5)  # nothing imported twice; each run's stores
+
+
+async def _stats(database: Path) -> int:
+    from memory_mcp.storage.sqlite import SqliteStore
+
+    store = await SqliteStore.open(database)
+    try:
+        return sum((await store.stats()).records.values())
+    finally:
+        await store.close()
+
+
+def test_a_folder_without_a_finished_store_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "30").mkdir()
+    with pytest.raises(ValueError, match="no store finished by bench perf"):
+        kept_fill(tmp_path / "30")

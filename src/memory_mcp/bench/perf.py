@@ -23,6 +23,7 @@ Figures are medians of repetitions (p50) and 95th percentiles (p95).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import statistics
@@ -222,10 +223,12 @@ class PerfPoint:
     store_p95_ms: float
     search_p50_ms: float
     search_p95_ms: float
+    first_search_ms: float  # the first search after opening: loads the scope's vectors
     brief_inject_ms: float
     bytes_per_memory: float
     rss_mb: float
     embedder: str
+    run_on_store: int  # 1: the run that filled the store; more: a --keep store measured again
 
 
 @dataclass
@@ -240,15 +243,20 @@ class PerfReport:
         }
 
 
-async def measure(
-    memory: MemoryService,
-    root: Path,
-    count: int,
-    *,
-    samples: int = 50,
-    progress: Progress | None = None,
-) -> PerfPoint:
-    """Fill ``memory`` (other projects, then ``root``'s project) and time the operations."""
+@dataclass
+class Fill:
+    """How a store was filled: the import figures, kept with a ``--keep`` store."""
+
+    memories: int
+    import_per_s: float
+    import_embedded_per_s: float
+    runs: int = 0  # timed runs on this store so far
+
+
+async def fill(
+    memory: MemoryService, root: Path, count: int, *, progress: Progress | None = None
+) -> Fill:
+    """Fill ``memory``: other projects, then ``root``'s project through ``import``."""
     say = progress or _silent
     others = [root.parent / f"other-{i}" for i in range(3)]
     for i, other in enumerate(others):
@@ -259,9 +267,7 @@ async def measure(
             say(f"{count:,}: other project {i + 1} of 3, embedding", done, total)
 
         await import_jsonl(memory, export_lines(rows, other), embed_progress=other_embedded)
-    rows = generate(count + samples * 3, seed=count)
-    bulk, fresh = rows[:count], rows[count:]
-    lines = export_lines(bulk, root)
+    lines = export_lines(generate(count, seed=count), root)
     written = 0.0
 
     def on_written(done: int, total: int) -> None:
@@ -277,14 +283,33 @@ async def measure(
     summary = await import_jsonl(memory, lines, progress=on_written, embed_progress=on_embedded)
     if summary.records_added != count or (memory.embeddings.ready and summary.awaiting_embedding):
         raise RuntimeError(f"the import was incomplete: {summary}")
-    import_per_s = count / (written - started)
-    import_embedded_per_s = count / (time.perf_counter() - started)
+    return Fill(
+        memories=count,
+        import_per_s=round(count / (written - started), 1),
+        import_embedded_per_s=round(count / (time.perf_counter() - started), 1),
+    )
 
+
+async def measure(
+    memory: MemoryService,
+    root: Path,
+    filled: Fill,
+    *,
+    samples: int = 50,
+    progress: Progress | None = None,
+) -> PerfPoint:
+    """Time the operations on a filled store (``filled.runs`` earlier runs on it)."""
+    say = progress or _silent
+    count = filled.memories
+    if filled.runs == 0:  # the memories that follow the imported ones
+        fresh = generate(count + samples * 3, seed=count)[count:]
+    else:  # others than earlier runs stored, lest they fold as exact repeats
+        fresh = generate(samples + 5, seed=count + 104_729 * filled.runs)
     say(f"{count:,}: store", 0, 1)
     store_ms: list[float] = []
     for n, (kind, text, tags) in enumerate(fresh[: samples + 5]):
         started = time.perf_counter()
-        await memory.store(f"{text} [{n}]", kind=kind, cwd=root, tags=tags)
+        await memory.store(f"{text} [{filled.runs}.{n}]", kind=kind, cwd=root, tags=tags)
         if n >= 5:  # warm-up
             store_ms.append((time.perf_counter() - started) * 1000)
 
@@ -298,6 +323,7 @@ async def measure(
         ("what port does it listen on", (), (), "2000-01-01"),
     ]
     search_ms: list[float] = []
+    first_search_ms = 0.0
     for n in range(samples + 5):
         text, kinds, tag_filter, since = queries[n % len(queries)]
         area = rng.choice(_AREAS)
@@ -310,6 +336,8 @@ async def measure(
             since=since,
             count_access=False,
         )
+        if n == 0:  # loads the scope's vectors into memory
+            first_search_ms = (time.perf_counter() - started) * 1000
         if n >= 5:
             search_ms.append((time.perf_counter() - started) * 1000)
 
@@ -323,19 +351,25 @@ async def measure(
 
     stats = await memory.db.stats()
     total = sum(stats.records.values())
+    filled.runs += 1
     return PerfPoint(
         memories=count,
-        import_per_s=round(import_per_s, 1),
-        import_embedded_per_s=round(import_embedded_per_s, 1),
+        import_per_s=filled.import_per_s,
+        import_embedded_per_s=filled.import_embedded_per_s,
         store_p50_ms=round(statistics.median(store_ms), 2),
         store_p95_ms=round(_percentile(store_ms, 0.95), 2),
         search_p50_ms=round(statistics.median(search_ms), 2),
         search_p95_ms=round(_percentile(search_ms, 0.95), 2),
+        first_search_ms=round(first_search_ms, 1),
         brief_inject_ms=round(statistics.median(brief_ms), 1),
         bytes_per_memory=round(stats.database_bytes / max(1, total), 1),
         rss_mb=round(resident_mb(), 1),
         embedder=memory.embeddings.identity or "bm25",
+        run_on_store=filled.runs,
     )
+
+
+FILL_FILE = "fill.json"
 
 
 async def run_perf(
@@ -347,7 +381,11 @@ async def run_perf(
     progress: Progress | None = None,
     keep: Path | None = None,
 ) -> PerfReport:
-    """One fresh store per size: in a temporary directory, or ``keep/<size>`` to keep it."""
+    """One store per size: fresh in a temporary directory, or ``keep/<size>``.
+
+    A ``keep/<size>`` store filled by an earlier run is measured again as it is
+    (its import figures are those of the run that filled it).
+    """
     report = PerfReport()
     for count in sizes:
         with contextlib.ExitStack() as stack:
@@ -357,9 +395,11 @@ async def run_perf(
                 )
             else:
                 tmp = keep / str(count)
-                tmp.mkdir(parents=True, exist_ok=False)
+            filled = kept_fill(tmp) if keep is not None else None
             root = tmp / "project"
-            (root / ".git").mkdir(parents=True)
+            if filled is None:
+                tmp.mkdir(parents=True, exist_ok=True)
+                (root / ".git").mkdir(parents=True)
             async with MemoryService.open(
                 settings,
                 database=tmp / "memory.db",
@@ -368,10 +408,29 @@ async def run_perf(
             ) as memory:
                 if embedder is None and not memory.embeddings.ready:
                     await memory.embeddings.wait_loaded(600)
-                report.points.append(
-                    await measure(memory, root, count, samples=samples, progress=progress)
-                )
+                if filled is None:
+                    filled = await fill(memory, root, count, progress=progress)
+                point = await measure(memory, root, filled, samples=samples, progress=progress)
+                report.points.append(point)
+            if keep is not None:
+                (tmp / FILL_FILE).write_text(json.dumps(asdict(filled)) + "\n")
     return report
+
+
+def kept_fill(folder: Path) -> Fill | None:
+    """The fill record of a store kept by an earlier run, or None for a new folder.
+
+    Raises:
+        ValueError: the folder exists but holds no finished store.
+    """
+    if not folder.exists():
+        return None
+    try:
+        return Fill(**json.loads((folder / FILL_FILE).read_text()))
+    except (OSError, ValueError, TypeError) as exc:
+        raise ValueError(
+            f"{folder} holds no store finished by bench perf ({exc}); remove it or choose another"
+        ) from exc
 
 
 def cpu_description() -> str:
