@@ -49,15 +49,20 @@ def content_words(text: str) -> list[str]:
     return [w for w in words(text) if w not in STOPWORDS]
 
 
-def fts_query(text: str) -> str:
-    """An FTS5 MATCH expression: any of the text's content words, each quoted.
+def query_terms(text: str) -> list[str]:
+    """The words a search for ``text`` matches on: its content words, once each."""
+    terms = content_words(text) or words(text)
+    return list(dict.fromkeys(terms))[:_MAX_QUERY_TERMS]
+
+
+def fts_query(text: str | list[str]) -> str:
+    """An FTS5 MATCH expression: any of the text's ``query_terms`` (or these), quoted.
 
     Quoting every term makes FTS5 syntax in user text (``AND``, ``NEAR``, ``*``,
     ``:``, quotes, parentheses) plain words.
     """
-    terms = content_words(text) or words(text)
-    unique = list(dict.fromkeys(terms))[:_MAX_QUERY_TERMS]
-    return " OR ".join(f'"{term}"' for term in unique)
+    terms = query_terms(text) if isinstance(text, str) else text
+    return " OR ".join(f'"{term}"' for term in terms)
 
 
 # Porter stemmer (M. F. Porter, 1980), the algorithm FTS5's "porter" tokenizer uses.

@@ -266,7 +266,7 @@ async def _candidates(
     if vectors is not None and embedder is not None:
         for item in await tx.nearest(vectors[0], embedder, filters, settings.candidates):
             found[item.record.id] = (item.record, item.score)
-    lexical = await tx.lexical(record.content, filters, settings.candidates)
+    lexical = await tx.lexical(record.content, filters, settings.candidates, rare_words=True)
     lexical_only = [item.record for item in lexical if item.record.id not in found]
     if vectors is not None and embedder is not None and lexical_only:
         scores = await tx.dense_scores(vectors[0], embedder, [r.id for r in lexical_only])

@@ -427,3 +427,27 @@ async def test_the_change_log_is_pruned(tmp_path: Path, monkeypatch: pytest.Monk
         assert rows == [(15, 991)]
     finally:
         await store.close()
+
+
+async def test_the_write_path_matches_on_a_memorys_rarest_words(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from memory_mcp.storage import sqlite
+
+    monkeypatch.setattr(sqlite, "_RARE_TERMS", 3)
+    store = await SqliteStore.open(tmp_path / "m.db")
+    try:
+        common = [record(f"run the tests before a release, note {i}") for i in range(30)]
+        twin = record("the billing adapter retries webhooks before a release")
+        async with store.write() as tx:
+            for r in [*common, twin]:
+                await tx.insert(r, None)
+        text = "billing adapter retries webhooks; run the tests before a release"
+        terms = await store._queries._rarest(sqlite.query_terms(text))
+        assert set(terms) == {"billing", "adapter", "retries"}  # three, none of the common
+        hits = await store._queries.lexical(text, FILTERS, 5, rare_words=True)
+        assert [h.record.id for h in hits] == [twin.id]
+        everything = await store._queries.lexical(text, FILTERS, 50)
+        assert len(everything) == 31  # a search still matches on every word
+    finally:
+        await store.close()

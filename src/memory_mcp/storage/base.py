@@ -60,7 +60,9 @@ class WriteTransaction(Protocol):
         self, vector: Vector, embedder: str, filters: Filters, k: int
     ) -> list[Scored]: ...
 
-    async def lexical(self, text: str, filters: Filters, k: int) -> list[Scored]: ...
+    async def lexical(
+        self, text: str, filters: Filters, k: int, *, rare_words: bool = False
+    ) -> list[Scored]: ...
 
     async def dense_scores(
         self, vector: Vector, embedder: str, record_ids: Sequence[str]
@@ -100,7 +102,9 @@ class Store(Protocol):
 
     def write(self) -> AbstractAsyncContextManager[WriteTransaction]: ...
 
-    async def lexical(self, text: str, filters: Filters, k: int) -> list[Scored]: ...
+    async def lexical(
+        self, text: str, filters: Filters, k: int, *, rare_words: bool = False
+    ) -> list[Scored]: ...
 
     async def nearest(
         self, vector: Vector, embedder: str, filters: Filters, k: int

@@ -40,7 +40,7 @@ import numpy as np
 import numpy.typing as npt
 
 from memory_mcp.errors import StorageError
-from memory_mcp.lexical import fts_query
+from memory_mcp.lexical import fts_query, query_terms, stem
 from memory_mcp.passages import MAX_PASSAGES
 from memory_mcp.ranker import emphasis
 from memory_mcp.records import Conflict, MergedEntry, Record, content_hash
@@ -274,6 +274,12 @@ _KNN_MAX = 4096  # sqlite-vec's largest k
 # (10.6 ms at k=240 vs 4.6 ms at k=60 over 3,650 vectors), so the search starts
 # at two passages per wanted record and doubles only when filters need more.
 _FIRST_DEPTH = 2
+# The write path looks for lexical candidates with a memory's rarest words: its
+# common ones matched most of a 50,000-memory project (92 ms of a store).
+_RARE_TERMS = 8
+_RARE_POSTINGS = 5_000
+_COUNTS_TTL = 600.0  # seconds a word's record count is reused
+_COUNTS_MAX = 100_000  # words remembered at most
 
 
 class _Queries:
@@ -289,14 +295,43 @@ class _Queries:
         except OPERATIONAL_ERRORS as exc:
             raise _storage_error(exc) from exc
 
-    async def lexical(self, text: str, filters: Filters, k: int) -> list[Scored]:
-        """Records matching words of ``text``, best BM25 first."""
-        match = fts_query(text)
-        if not match or not filters.scope_keys:
+    async def lexical(
+        self, text: str, filters: Filters, k: int, *, rare_words: bool = False
+    ) -> list[Scored]:
+        """Records matching words of ``text``, best BM25 first.
+
+        ``rare_words`` matches on the text's rarest words only (``_rarest``):
+        what the write path wants from a whole memory, whose common words
+        match most of a project.
+        """
+        terms = query_terms(text)
+        if rare_words and len(terms) > 2:
+            terms = await self._rarest(terms)
+        if not terms or not filters.scope_keys:
             return []
         where, params = _where(filters)
-        rows = await self._fetch(_lexical_sql(where), [match, *params, k])
+        rows = await self._fetch(_lexical_sql(where), [fts_query(terms), *params, k])
         return [Scored(_record(row), -float(row[-1])) for row in rows]
+
+    async def _rarest(self, terms: list[str]) -> list[str]:
+        """The rarest of ``terms`` by the number of records that hold them (FTS5's vocabulary).
+
+        Up to ``_RARE_TERMS`` words, fewer once they match ``_RARE_POSTINGS``
+        records together (at least two). Words the vocabulary does not know
+        match nothing, cost nothing, and stay. The counts need not be exact:
+        they are remembered for ``_COUNTS_TTL`` seconds.
+        """
+        stems = {term: stem(term) for term in terms}
+        held = await self._store._document_counts(set(stems.values()))
+        kept = [t for t in terms if stems[t] not in held]
+        known = sorted((t for t in terms if stems[t] in held), key=lambda t: held[stems[t]])
+        total = 0
+        for count, term in enumerate(known):
+            if count >= _RARE_TERMS or (count >= 2 and total + held[stems[term]] > _RARE_POSTINGS):
+                break
+            kept.append(term)
+            total += held[stems[term]]
+        return kept
 
     async def nearest(
         self, vector: Vector, embedder: str, filters: Filters, k: int
@@ -654,6 +689,8 @@ class SqliteStore:
         self._queries = _Queries(reader, self)
         self._tables: dict[str, str] = {}
         self._copies: dict[str, DenseIndex] = {}  # by vector table
+        self._vocab_ready = False  # the reader has temp.records_vocab
+        self._counts: dict[str, tuple[int, float]] = {}  # stem -> (records, when read)
         self._copy_off = "" if vector_copy else "turned off"
 
     @classmethod
@@ -874,6 +911,34 @@ class SqliteStore:
             if p.exists()
         )
         return stats
+
+    async def _document_counts(self, stems: set[str]) -> dict[str, int]:
+        """How many committed records hold each stem FTS5 knows (cached a while).
+
+        Read on the reader connection, which is never inside a transaction that
+        could roll its temporary vocabulary table back; fts5vocab counts by
+        reading a word's postings, hence the cache.
+        """
+        now = time.monotonic()
+        stale = now - _COUNTS_TTL
+        missing = [s for s in stems if self._counts.get(s, (0, stale - 1))[1] < stale]
+        if missing:
+            if not self._vocab_ready:
+                await self._reader.execute(
+                    "CREATE VIRTUAL TABLE IF NOT EXISTS temp.records_vocab "
+                    "USING fts5vocab(main, records_fts, row)"
+                )
+                self._vocab_ready = True
+            rows = await self._queries._fetch(
+                f"SELECT term, doc FROM temp.records_vocab WHERE term IN ({_marks(missing)})",
+                missing,
+            )
+            found = {str(term): int(doc) for term, doc in rows}
+            if len(self._counts) > _COUNTS_MAX:
+                self._counts.clear()
+            for s in missing:
+                self._counts[s] = (found.get(s, 0), now)
+        return {s: self._counts[s][0] for s in stems if self._counts[s][0] > 0}
 
     # Vector tables -------------------------------------------------------------------
 
