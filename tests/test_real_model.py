@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from memory_mcp.embedders.fastembed import FastEmbedEmbedder
 from memory_mcp.service import MemoryService
 
 pytestmark = pytest.mark.anyio
@@ -67,3 +68,15 @@ async def test_similar_wording_across_projects_stays_apart(
     assert other.action == "inserted"
     hits = (await real_memory.search("which port does the API use", cwd=project)).hits
     assert [h.record.content for h in hits] == ["The API listens on port 8080"]
+
+
+def test_the_models_threads_sleep_when_idle(real_embedder: FastEmbedEmbedder) -> None:
+    """Spinning onnxruntime threads would hold a core the vector search wants."""
+    import onnxruntime as ort
+
+    real_embedder.load()
+    session = real_embedder._impl.model.model  # fastembed's InferenceSession
+    options = session.get_session_options()
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    assert ort.SessionOptions().get_session_config_entry  # the class is the original again
+    assert type(ort.SessionOptions()) is ort.capi.onnxruntime_pybind11_state.SessionOptions

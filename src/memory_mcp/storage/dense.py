@@ -170,7 +170,9 @@ class DenseIndex:
 
     async def _catch_up(self, fetch: Fetch) -> None:
         rows = await fetch(
-            "SELECT coalesce(max(id), 0), coalesce(min(id), 0) FROM vector_changes", []
+            "SELECT coalesce((SELECT max(id) FROM vector_changes), 0), "
+            "coalesce((SELECT min(id) FROM vector_changes), 0)",
+            [],
         )
         newest, oldest = int(rows[0][0]), int(rows[0][1])
         if newest == self.position:
@@ -310,8 +312,8 @@ class DenseIndex:
     ) -> tuple[npt.NDArray[np.int64], Vector]:
         """The rowids and cosines of every row in these scopes, corpora and kinds."""
         unit = _unit(query)
-        corpus_codes = [self._codes[c] for c in corpora if c in self._codes]
-        kind_codes = [self._codes[k] for k in kinds if k in self._codes]
+        corpus_ok = self._allowed(corpora)
+        kind_ok = self._allowed(kinds) if kinds else None
         all_ids: list[npt.NDArray[np.int64]] = []
         all_sims: list[Vector] = []
         for key in scope_keys:
@@ -320,14 +322,20 @@ class DenseIndex:
                 continue
             sims = segment.cosines(unit)
             rowid = segment.rowid[: segment.size]
-            keep = (rowid >= 0) & np.isin(segment.corpus[: segment.size], corpus_codes)
-            if kinds:
-                keep &= np.isin(segment.kind[: segment.size], kind_codes)
+            keep = (rowid >= 0) & corpus_ok[segment.corpus[: segment.size]]
+            if kind_ok is not None:
+                keep &= kind_ok[segment.kind[: segment.size]]
             all_ids.append(rowid[keep])
             all_sims.append(sims[keep])
         if not all_ids:
             return np.zeros(0, np.int64), np.zeros(0, np.float32)
         return np.concatenate(all_ids), np.concatenate(all_sims)
+
+    def _allowed(self, names: Collection[str]) -> npt.NDArray[np.bool_]:
+        """A lookup table: which corpus or kind codes are among ``names``."""
+        table = np.zeros(len(self._codes) + 1, np.bool_)
+        table[[self._codes[n] for n in names if n in self._codes]] = True
+        return table
 
     def cosines_of(self, query: Vector, rowids: Collection[int]) -> dict[int, float]:
         """The cosine of each of these rows that the index holds."""
