@@ -250,6 +250,8 @@ class MemoryService:
         vectors = await self._embed_records([d.record.content for d in drafts])
         vector_of = dict(zip((id(d) for d in drafts), vectors or [], strict=False))
         identity = self.embeddings.identity if vectors is not None else None
+        if identity is not None:  # load the scopes' vectors before taking the write lock
+            await self.db.load_vectors(identity, {d.record.scope_key for d in drafts})
         stamp = format_time(self.clock())
         results: list[StoreResult | InvalidInput] = []
         for start in range(0, len(items), _COMMIT_BATCH):

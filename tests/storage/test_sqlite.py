@@ -451,3 +451,54 @@ async def test_the_write_path_matches_on_a_memorys_rarest_words(
         assert len(everything) == 31  # a search still matches on every word
     finally:
         await store.close()
+
+
+async def test_a_write_during_a_scope_load_leaves_the_copy_on(tmp_path: Path) -> None:
+    """Rows deleted between the chunk list and the vectors: the load is tried again."""
+    reader = await SqliteStore.open(tmp_path / "m.db")
+    writer = await SqliteStore.open(tmp_path / "m.db")
+    try:
+        rows = [record(f"fact {i}", embedder="m") for i in range(4)]
+        async with writer.write() as tx:
+            for i, r in enumerate(rows):
+                await tx.insert(r, unit(1, i, 0)[None, :])
+        fetch = reader._queries._fetch
+        spoiled = False
+
+        async def fetch_with_a_write_between(sql: str, params: object = ()) -> list[object]:
+            nonlocal spoiled
+            if "_vector_chunks00" in sql and not spoiled:
+                spoiled = True
+                async with writer.write() as tx:
+                    await tx.archive(rows[-1].id, "gone", format_time(utcnow()))
+            return await fetch(sql, params)  # type: ignore[arg-type]
+
+        reader._queries._fetch = fetch_with_a_write_between  # type: ignore[method-assign]
+        hits = await reader.nearest(unit(0, 1, 0), "m", FILTERS, 5)
+        assert spoiled and rows[-1].id not in [h.record.id for h in hits]
+        assert [h.record.id for h in hits] == [r.id for r in reversed(rows[:-1])]
+        assert "in-memory copy" in reader.vector_copy
+    finally:
+        await reader.close()
+        await writer.close()
+
+
+async def test_a_filter_few_records_pass_is_applied_to_the_rows_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from memory_mcp.storage import sqlite
+
+    monkeypatch.setattr(sqlite, "_KNN_MAX", 64)
+    store = await SqliteStore.open(tmp_path / "m.db")
+    try:
+        rows = [record(f"fact {i}", embedder="m") for i in range(300)]
+        for r in rows[-2:]:
+            r.tags = ["rare"]
+        async with store.write() as tx:
+            for i, r in enumerate(rows):
+                await tx.insert(r, unit(1, i / 300, 0)[None, :])
+        tagged = Filters(scope_keys=("/repo",), corpora=("facts",), tags=("rare",))
+        hits = await store.nearest(unit(1, 0, 0), "m", tagged, 3)
+        assert [h.record.id for h in hits] == [rows[-2].id, rows[-1].id]
+    finally:
+        await store.close()

@@ -47,8 +47,15 @@ _RELOAD_AFTER = 20_000  # changes to catch up on beyond which a reload is cheape
 _SUPPORTED_LAYOUT = ("0", "1")  # sqlite-vec major, minor of the chunk tables read here
 
 
+_LOAD_ATTEMPTS = 3  # loads that writes of other connections may spoil in a row
+
+
 class LayoutError(Exception):
     """vec0's chunk tables are not laid out the way this index reads them."""
+
+
+class Moved(Exception):
+    """A scope changed while it loaded; its searches go through vec0 this once."""
 
 
 def _quantize(vectors: npt.NDArray[np.float32]) -> tuple[npt.NDArray[np.int8], Vector]:
@@ -160,13 +167,32 @@ class DenseIndex:
     async def prepare(self, fetch: Fetch, scope_keys: Collection[str]) -> None:
         """Catch up with the log, then load the scopes not held yet.
 
+        A load reads the chunks in several statements, so a write committed
+        meanwhile can leave a row missing or stale; the load is then tried
+        again (the log says whether something was written).
+
         Raises:
             LayoutError: vec0's chunk tables cannot be read here.
+            Moved: writes kept spoiling the load of a scope.
         """
         await self._catch_up(fetch)
         for key in scope_keys:
-            if key not in self._segments:
-                await self._load(fetch, key)
+            for attempt in range(_LOAD_ATTEMPTS):
+                if key in self._segments:
+                    break
+                try:
+                    await self._load(fetch, key)
+                except LayoutError as exc:
+                    if not await self._written_since(fetch):
+                        raise
+                    if attempt == _LOAD_ATTEMPTS - 1:
+                        raise Moved(str(exc)) from exc
+                    await self._catch_up(fetch)
+
+    async def _written_since(self, fetch: Fetch) -> bool:
+        """Whether vectors were written since ``position``."""
+        rows = await fetch("SELECT coalesce(max(id), 0) FROM vector_changes", [])
+        return int(rows[0][0]) != self.position
 
     async def _catch_up(self, fetch: Fetch) -> None:
         rows = await fetch(
