@@ -301,3 +301,17 @@ async def test_a_folded_record_is_still_found_by_the_words_of_what_it_absorbed(
 
 def memory_filters(project: Path) -> Filters:
     return Filters(scope_keys=(str(project.resolve()),), corpora=("facts",))
+
+
+async def test_a_server_loads_its_projects_vectors_ahead_of_use(
+    tmp_path: Path, settings: Settings, project: Path
+) -> None:
+    database = tmp_path / "warm.db"
+    async with MemoryService.open(
+        settings, database=database, embedder=FakeEmbedder(), wait_for_embedder=10
+    ) as first:
+        assert (await first.store("The billing service runs on port 8080", cwd=project)).embedded
+    async with MemoryService.open(settings, database=database, embedder=FakeEmbedder()) as fresh:
+        assert fresh.db.vector_copy_bytes == 0
+        await fresh.warm_up(project)
+        assert fresh.db.vector_copy_bytes > 0

@@ -165,13 +165,15 @@ async def serve(
     settings = loaded.settings.serve
     if transport != "stdio":
         check_exposure(settings)
-    async with MemoryService.open(loaded) as memory:
+    async with MemoryService.open(loaded) as memory, anyio.create_task_group() as group:
+        group.start_soon(memory.warm_up)  # the start directory's project
         server = build_server(memory)
         if transport == "stdio":
             log.info("serving MCP over stdio (%s)", memory.db.path)
             await server.run_stdio_async()
-            return
-        await _serve_http(server, transport, settings, memory, ready)
+        else:
+            await _serve_http(server, transport, settings, memory, ready)
+        group.cancel_scope.cancel()
 
 
 def serve_behind_front(cwd: str | None, front: Front) -> int:

@@ -357,6 +357,21 @@ class MemoryService:
         assert archived is not None
         return archived
 
+    async def warm_up(self, cwd: str | Path | None = None) -> None:
+        """Load the project's and the global scope's vectors into memory ahead of use.
+
+        A server calls this in the background at start, once its embedder has
+        settled, so that its first search or store does not pay for the load
+        (0.35 s at 50,000 memories). Failures are logged, never raised.
+        """
+        try:
+            await self.embeddings.wait_settled(120)
+            identity = self.embeddings.identity
+            if identity is not None:
+                await self.db.load_vectors(identity, self.scope_keys("all", cwd))
+        except Exception:
+            log.warning("could not load the vectors ahead of use", exc_info=True)
+
     # Reads ---------------------------------------------------------------------------
 
     def scope_keys(self, scope: SearchScope, cwd: str | Path | None) -> tuple[str, ...]:

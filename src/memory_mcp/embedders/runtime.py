@@ -221,7 +221,8 @@ class Embeddings:
         A model that is not on disk settles at once (callers go on lexically)
         while it downloads; ``wait_loaded`` waits for the download too.
         """
-        return await anyio.to_thread.run_sync(self._settled.wait, seconds)
+        # abandon_on_cancel: a server shutting down must not wait for a slow load
+        return await anyio.to_thread.run_sync(self._settled.wait, seconds, abandon_on_cancel=True)
 
     async def wait_loaded(self, seconds: float) -> bool:
         """Wait (bounded) until loading has finished, downloads included; True if ready.

@@ -738,8 +738,12 @@ class SqliteStore:
         """How vector searches run: on the in-memory copy (and its size) or through vec0."""
         if self._copy_off:
             return f"through vec0 ({self._copy_off})"
-        held = sum(i.nbytes for i in self._copies.values())
-        return f"in-memory copy, {held / 1e6:.1f} MB loaded"
+        return f"in-memory copy, {self.vector_copy_bytes / 1e6:.1f} MB loaded"
+
+    @property
+    def vector_copy_bytes(self) -> int:
+        """The memory the in-memory copy of the vectors holds now."""
+        return sum(i.nbytes for i in self._copies.values())
 
     @property
     def vectors_available(self) -> bool:
