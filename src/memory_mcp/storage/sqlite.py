@@ -269,10 +269,13 @@ class _Slot:
 
 
 _TABLE_NAME = re.compile(r"^vec_[0-9]+$")
-_KNN_MAX = 4096  # sqlite-vec's largest k
-# vec0's k-nearest search costs grow with k as much as with the rows scanned
-# (10.6 ms at k=240 vs 4.6 ms at k=60 over 3,650 vectors), so the search starts
-# at two passages per wanted record and doubles only when filters need more.
+# sqlite-vec's largest k; past as many rows, the in-memory search stops
+# deepening and masks the rows of the records that pass the filters instead.
+_KNN_MAX = 4096
+# Rows asked for per wanted record, doubled while filters reject: vec0's
+# k-nearest search costs grow with k as much as with the rows scanned (10.6 ms
+# at k=240 vs 4.6 ms at k=60 over 3,650 vectors), and each round of the
+# in-memory search reads its records.
 _FIRST_DEPTH = 2
 # The write path looks for lexical candidates with a memory's rarest words: its
 # common ones matched most of a 50,000-memory project (92 ms of a store).
