@@ -980,7 +980,8 @@ def bench_perf(
         Path | None,
         typer.Option(
             help="Keep each size's store in KEEP/<size>; a store kept there by an earlier "
-            "run is measured again without refilling it."
+            "run is measured again without refilling it (a fill stopped while embedding "
+            "resumes)."
         ),
     ] = None,
     as_json: JsonOption = False,

@@ -69,3 +69,44 @@ def test_a_folder_without_a_finished_store_is_refused(tmp_path: Path) -> None:
     (tmp_path / "30").mkdir()
     with pytest.raises(ValueError, match="no store finished by bench perf"):
         kept_fill(tmp_path / "30")
+
+
+async def test_a_fill_stopped_while_embedding_resumes(tmp_path: Path) -> None:
+    class Stop(Exception):
+        pass
+
+    def stop_midway(phase: str, done: int, total: int) -> None:
+        if phase.endswith("importing, embedding") and 0 < done < total:
+            raise Stop
+
+    with pytest.raises(Stop):
+        await run_perf(
+            [200],
+            Settings(),
+            samples=5,
+            embedder=FakeEmbedder(),
+            keep=tmp_path,
+            progress=stop_midway,
+        )
+    state = json.loads((tmp_path / "200" / "fill.json").read_text())
+    assert not state["done"] and state["others_written"] == 3 and state["written_s"] > 0
+    report = await run_perf([200], Settings(), samples=5, embedder=FakeEmbedder(), keep=tmp_path)
+    (point,) = report.points
+    assert point.run_on_store == 1 and point.import_embedded_per_s > 0
+    assert json.loads((tmp_path / "200" / "fill.json").read_text())["done"]
+    assert await _stats(tmp_path / "200" / "memory.db") == 200 + 3 * 20 + 5 + 5
+
+
+async def test_a_fill_stopped_while_writing_cannot_resume(tmp_path: Path) -> None:
+    from memory_mcp.bench.perf import Fill, FillInterrupted, fill
+    from memory_mcp.service import MemoryService
+
+    root = tmp_path / "project"
+    for folder in (root, tmp_path / "other-0"):
+        (folder / ".git").mkdir(parents=True)
+    async with MemoryService.open(
+        Settings(), database=tmp_path / "m.db", embedder=FakeEmbedder(), wait_for_embedder=10
+    ) as memory:
+        await memory.store("half of an import", cwd=tmp_path / "other-0")
+        with pytest.raises(FillInterrupted, match="remove the folder"):
+            await fill(memory, root, Fill(memories=20))

@@ -44,6 +44,7 @@ from memory_mcp.inject import inject
 from memory_mcp.records import utcnow
 from memory_mcp.scope import project_scope
 from memory_mcp.service import MemoryService
+from memory_mcp.storage.base import Filters
 from memory_mcp.write import prepare
 
 _STACKS = {
@@ -245,49 +246,124 @@ class PerfReport:
 
 @dataclass
 class Fill:
-    """How a store was filled: the import figures, kept with a ``--keep`` store."""
+    """How a store was filled, kept with a ``--keep`` store as ``fill.json``.
+
+    Written as the fill goes, so that a fill stopped while embedding (hours at
+    200,000 memories) resumes where it stopped: embedding time adds up over
+    the runs, and the import figures count only the project's own import.
+    """
 
     memories: int
-    import_per_s: float
-    import_embedded_per_s: float
+    import_per_s: float = 0.0
+    import_embedded_per_s: float = 0.0
     runs: int = 0  # timed runs on this store so far
+    others_written: int = 0  # other projects whose records are all written
+    written_s: float | None = None  # seconds the project's records took to write
+    embedding_s: float = 0.0  # seconds spent embedding them so far
+    done: bool = False
+
+
+class FillInterrupted(RuntimeError):
+    """A fill stopped while writing records: it cannot resume."""
+
+
+_SAVE_EVERY = 1000  # records embedded between two saves of an unfinished fill
 
 
 async def fill(
-    memory: MemoryService, root: Path, count: int, *, progress: Progress | None = None
+    memory: MemoryService,
+    root: Path,
+    state: Fill,
+    *,
+    progress: Progress | None = None,
+    save: Callable[[Fill], None] | None = None,
 ) -> Fill:
-    """Fill ``memory``: other projects, then ``root``'s project through ``import``."""
+    """Fill ``memory``: other projects, then ``root``'s project through ``import``.
+
+    Picks up an unfinished ``state``; ``save`` is called with it at each step.
+
+    Raises:
+        FillInterrupted: an earlier fill stopped while writing records.
+    """
     say = progress or _silent
-    others = [root.parent / f"other-{i}" for i in range(3)]
-    for i, other in enumerate(others):
+    keep = save or (lambda _: None)
+    count = state.memories
+    if state.others_written or state.written_s is not None:  # resuming: embed what is left
+        started = time.perf_counter()
+
+        def resumed(done: int, total: int) -> None:
+            say(f"{count:,}: resuming, embedding", done, total)
+
+        await memory.reembed(progress=resumed)
+        if state.written_s is not None:
+            state.embedding_s += time.perf_counter() - started
+        keep(state)
+    for i in range(state.others_written, 3):
+        other = root.parent / f"other-{i}"
         (other / ".git").mkdir(parents=True, exist_ok=True)
+        await _refuse_partial(memory, other)
         rows = generate(max(1, count // 10), seed=1000 + i, tag_prefix="o-")
+
+        def other_written(done: int, total: int, i: int = i) -> None:
+            if done == total:
+                state.others_written = i + 1
+                keep(state)
 
         def other_embedded(done: int, total: int, i: int = i) -> None:
             say(f"{count:,}: other project {i + 1} of 3, embedding", done, total)
 
-        await import_jsonl(memory, export_lines(rows, other), embed_progress=other_embedded)
-    lines = export_lines(generate(count, seed=count), root)
-    written = 0.0
+        await import_jsonl(
+            memory,
+            export_lines(rows, other),
+            progress=other_written,
+            embed_progress=other_embedded,
+        )
+    if state.written_s is None:
+        await _refuse_partial(memory, root)
+        lines = export_lines(generate(count, seed=count), root)
+        started = time.perf_counter()
+        written = 0.0
+        saved = 0
 
-    def on_written(done: int, total: int) -> None:
-        nonlocal written
-        say(f"{count:,}: importing", done, total)
-        if done == total:
-            written = time.perf_counter()
+        def on_written(done: int, total: int) -> None:
+            nonlocal written
+            say(f"{count:,}: importing", done, total)
+            if done == total:
+                written = time.perf_counter()
+                state.written_s = written - started
+                keep(state)
 
-    def on_embedded(done: int, total: int) -> None:
-        say(f"{count:,}: importing, embedding", done, total)
+        def on_embedded(done: int, total: int) -> None:
+            nonlocal saved
+            say(f"{count:,}: importing, embedding", done, total)
+            if done - saved >= _SAVE_EVERY:
+                saved = done
+                state.embedding_s = time.perf_counter() - written
+                keep(state)
 
-    started = time.perf_counter()
-    summary = await import_jsonl(memory, lines, progress=on_written, embed_progress=on_embedded)
-    if summary.records_added != count or (memory.embeddings.ready and summary.awaiting_embedding):
-        raise RuntimeError(f"the import was incomplete: {summary}")
-    return Fill(
-        memories=count,
-        import_per_s=round(count / (written - started), 1),
-        import_embedded_per_s=round(count / (time.perf_counter() - started), 1),
-    )
+        summary = await import_jsonl(memory, lines, progress=on_written, embed_progress=on_embedded)
+        if summary.records_added != count:
+            raise RuntimeError(f"the import was incomplete: {summary}")
+        state.embedding_s = time.perf_counter() - written
+    identity = memory.embeddings.identity
+    if memory.embeddings.ready and await memory.db.count_needing_embedding(identity):
+        raise RuntimeError("records were left without vectors")
+    assert state.written_s is not None
+    state.import_per_s = round(count / state.written_s, 1)
+    state.import_embedded_per_s = round(count / (state.written_s + state.embedding_s), 1)
+    state.done = True
+    keep(state)
+    return state
+
+
+async def _refuse_partial(memory: MemoryService, root: Path) -> None:
+    """Raise if a project that is about to be imported already has records."""
+    filters = Filters(scope_keys=(project_scope(root).key,), corpora=("facts", "journal", "docs"))
+    if await memory.db.current(filters, 1):
+        raise FillInterrupted(
+            f"an earlier fill stopped while writing {root.name}'s records; "
+            "remove the folder and start again"
+        )
 
 
 async def measure(
@@ -384,7 +460,8 @@ async def run_perf(
     """One store per size: fresh in a temporary directory, or ``keep/<size>``.
 
     A ``keep/<size>`` store filled by an earlier run is measured again as it is
-    (its import figures are those of the run that filled it).
+    (its import figures are those of the run that filled it); one whose fill
+    stopped while embedding is finished first.
     """
     report = PerfReport()
     for count in sizes:
@@ -400,6 +477,12 @@ async def run_perf(
             if filled is None:
                 tmp.mkdir(parents=True, exist_ok=True)
                 (root / ".git").mkdir(parents=True)
+                filled = Fill(memories=count)
+
+            def save(state: Fill, folder: Path = tmp) -> None:
+                if keep is not None:
+                    (folder / FILL_FILE).write_text(json.dumps(asdict(state)) + "\n")
+
             async with MemoryService.open(
                 settings,
                 database=tmp / "memory.db",
@@ -408,17 +491,16 @@ async def run_perf(
             ) as memory:
                 if embedder is None and not memory.embeddings.ready:
                     await memory.embeddings.wait_loaded(600)
-                if filled is None:
-                    filled = await fill(memory, root, count, progress=progress)
+                if not filled.done:
+                    filled = await fill(memory, root, filled, progress=progress, save=save)
                 point = await measure(memory, root, filled, samples=samples, progress=progress)
                 report.points.append(point)
-            if keep is not None:
-                (tmp / FILL_FILE).write_text(json.dumps(asdict(filled)) + "\n")
+            save(filled)
     return report
 
 
 def kept_fill(folder: Path) -> Fill | None:
-    """The fill record of a store kept by an earlier run, or None for a new folder.
+    """The fill record of a store kept by an earlier run (finished or not), or None.
 
     Raises:
         ValueError: the folder exists but holds no finished store.
