@@ -246,64 +246,48 @@ async def test_vectors_follow_reembeds_folds_and_deletes_without_touching_others
         await store.close()
 
 
-@pytest.mark.anyio
-async def test_a_time_bound_keeps_the_full_text_match_as_the_outer_loop(tmp_path: Path) -> None:
-    from memory_mcp.storage.base import Filters
-    from memory_mcp.storage.sqlite import SqliteStore, _lexical_sql, _where
-
+async def query_plan(tmp_path: Path, sql: str, params: list[object]) -> list[str]:
+    """The steps of SQLite's plan for ``sql`` on a fresh store."""
     store = await SqliteStore.open(tmp_path / "plan.db")
     try:
-        where, params = _where(Filters(("k",), ("facts",), since="2000-01-01T00:00:00.000000Z"))
-        plan = await store._queries._fetch(
-            "EXPLAIN QUERY PLAN " + _lexical_sql(where), ["word", *params, 10]
-        )
-        steps = [str(row[-1]) for row in plan]
-        assert "records_fts" in steps[0], steps
+        plan = await store._queries._fetch("EXPLAIN QUERY PLAN " + sql, params)
     finally:
         await store.close()
+    return [str(row[-1]) for row in plan]
+
+
+async def test_a_time_bound_keeps_the_full_text_match_as_the_outer_loop(tmp_path: Path) -> None:
+    from memory_mcp.storage.sqlite import _lexical_sql, _where
+
+    where, params = _where(Filters(("k",), ("facts",), since="2000-01-01T00:00:00.000000Z"))
+    steps = await query_plan(tmp_path, _lexical_sql(where), ["word", *params, 10])
+    assert "records_fts" in steps[0], steps
 
 
 async def test_the_exact_repeat_check_looks_the_hash_up_in_its_index(tmp_path: Path) -> None:
     from memory_mcp.storage.sqlite import _hash_sql, _where
 
-    store = await SqliteStore.open(tmp_path / "plan.db")
-    try:
-        where, params = _where(FILTERS)
-        plan = await store._queries._fetch("EXPLAIN QUERY PLAN " + _hash_sql(where), ["h", *params])
-        steps = [str(row[-1]) for row in plan]
-        assert any("records_hash" in step and "content_hash=?" in step for step in steps), steps
-    finally:
-        await store.close()
+    where, params = _where(FILTERS)
+    steps = await query_plan(tmp_path, _hash_sql(where), ["h", *params])
+    assert any("records_hash" in step and "content_hash=?" in step for step in steps), steps
 
 
 async def test_records_found_by_vector_are_read_by_rowid(tmp_path: Path) -> None:
     from memory_mcp.storage.sqlite import _by_seq_sql, _where
 
-    store = await SqliteStore.open(tmp_path / "plan.db")
-    try:
-        tagged = Filters(scope_keys=("/repo",), corpora=("facts",), tags=("rare",))
-        for filters in (FILTERS, tagged):
-            where, params = _where(filters)
-            plan = await store._queries._fetch(
-                "EXPLAIN QUERY PLAN " + _by_seq_sql([1, 2, 3], where), [1, 2, 3, *params]
-            )
-            steps = [str(row[-1]) for row in plan]
-            assert "INTEGER PRIMARY KEY" in steps[0], steps
-    finally:
-        await store.close()
+    tagged = Filters(scope_keys=("/repo",), corpora=("facts",), tags=("rare",))
+    for filters in (FILTERS, tagged):
+        where, params = _where(filters)
+        steps = await query_plan(tmp_path, _by_seq_sql([1, 2, 3], where), [1, 2, 3, *params])
+        assert "INTEGER PRIMARY KEY" in steps[0], steps
 
 
 async def test_vector_slots_are_found_by_record_id(tmp_path: Path) -> None:
     from memory_mcp.storage.sqlite import _slots_sql
 
-    store = await SqliteStore.open(tmp_path / "plan.db")
-    try:
-        ids = [f"f_{i}" for i in range(60)]  # from 30 on, SQLite preferred records_embedder
-        plan = await store._queries._fetch("EXPLAIN QUERY PLAN " + _slots_sql(ids), [*ids, "m"])
-        steps = [str(row[-1]) for row in plan]
-        assert "(id=?)" in steps[0] and "records_embedder" not in steps[0], steps
-    finally:
-        await store.close()
+    ids = [f"f_{i}" for i in range(60)]  # from 30 on, SQLite preferred records_embedder
+    steps = await query_plan(tmp_path, _slots_sql(ids), [*ids, "m"])
+    assert "(id=?)" in steps[0] and "records_embedder" not in steps[0], steps
 
 
 # The in-memory copy of the vector tables follows every writer of the file.

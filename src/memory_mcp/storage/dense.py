@@ -238,13 +238,7 @@ class DenseIndex:
         if not slots:
             return
         rowids = [int(seq) * MAX_PASSAGES + i for seq, *_, n in slots for i in range(int(n))]
-        # A join on rowid is a point lookup in vec0 (a range or IN list is a full scan).
-        rows = await fetch(
-            f"SELECT j.value, v.embedding FROM json_each(?) j JOIN {self.table} v "
-            "ON v.rowid = j.value",
-            [json.dumps(rowids)],
-        )
-        found = {int(rowid): bytes(blob) for rowid, blob in rows}
+        found = await self._read_rows(fetch, rowids)
         for seq, key, corpus, kind, count in slots:
             first = int(seq) * MAX_PASSAGES
             ids = [r for r in range(first, first + int(count)) if r in found]
@@ -257,6 +251,16 @@ class DenseIndex:
                 np.full(len(ids), self._code(kind), np.int16),
                 vectors.reshape(len(ids), self.dim),
             )
+
+    async def _read_rows(self, fetch: Fetch, rowids: Sequence[int]) -> dict[int, bytes]:
+        """The stored vectors of these vec0 rows (rows that are not there are left out)."""
+        # A join on rowid is a point lookup in vec0 (a range or IN list is a full scan).
+        rows = await fetch(
+            f"SELECT j.value, v.embedding FROM json_each(?) j JOIN {self.table} v "
+            "ON v.rowid = j.value",
+            [json.dumps(list(rowids))],
+        )
+        return {int(rowid): bytes(blob) for rowid, blob in rows}
 
     async def _load(self, fetch: Fetch, scope_key: str) -> None:
         """Read one scope's rows from vec0's chunk tables, one chunk at a time."""
@@ -312,12 +316,8 @@ class DenseIndex:
         if not segment.size:
             return
         picks = sorted({0, segment.size // 2, segment.size - 1})
-        rows = await fetch(
-            f"SELECT j.value, v.embedding FROM json_each(?) j JOIN {self.table} v "
-            "ON v.rowid = j.value",
-            [json.dumps([int(segment.rowid[i]) for i in picks])],
-        )
-        truth = {int(r): np.frombuffer(bytes(b), np.float32) for r, b in rows}
+        read = await self._read_rows(fetch, [int(segment.rowid[i]) for i in picks])
+        truth = {r: np.frombuffer(b, np.float32) for r, b in read.items()}
         for i in picks:
             exact = truth.get(int(segment.rowid[i]))
             if exact is None:

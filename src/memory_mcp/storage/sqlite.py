@@ -361,11 +361,11 @@ class _Queries:
         depth = max(k * _FIRST_DEPTH, 32)
         while True:
             top = np.argpartition(-sims, depth)[:depth] if depth < len(sims) else None
-            pairs = zip(rowids.tolist(), sims.tolist(), strict=True)
-            if top is not None:
-                pairs = zip(rowids[top].tolist(), sims[top].tolist(), strict=True)
+            chosen = slice(None) if top is None else top
             best: dict[int, float] = {}
-            for rowid, similarity in pairs:
+            for rowid, similarity in zip(
+                rowids[chosen].tolist(), sims[chosen].tolist(), strict=True
+            ):
                 seq = _owner(rowid)
                 best[seq] = max(best.get(seq, -1.0), similarity)
             scored = await self._records_by_seq(best, filters)
@@ -994,20 +994,28 @@ class SqliteStore:
         scope (0.35 s at 50,000 memories) does not hold every process's writes.
         """
         table = await self._vector_table(self._reader, embedder)
-        index = await self._copy(table, embedder) if table is not None else None
-        if index is not None:
-            async with index.lock:
-                await self._prepared(index, scope_keys)
+        if table is not None:
+            async with self._ready_copy(table, embedder, scope_keys):
+                pass
+
+    @asynccontextmanager
+    async def _ready_copy(
+        self, table: str, embedder: str, scope_keys: Collection[str]
+    ) -> AsyncIterator[DenseIndex | None]:
+        """The copy of ``table``, current for these scopes and locked; None: use vec0."""
+        index = await self._copy(table, embedder)
+        if index is None:
+            yield None
+            return
+        async with index.lock:
+            yield index if await self._prepared(index, scope_keys) else None
 
     async def _rank(
         self, table: str, embedder: str, vector: Vector, filters: Filters
     ) -> tuple[npt.NDArray[np.int64], Vector] | None:
         """Every row of the filters' scopes, corpora and kinds with its cosine (None: no copy)."""
-        index = await self._copy(table, embedder)
-        if index is None:
-            return None
-        async with index.lock:
-            if not await self._prepared(index, filters.scope_keys):
+        async with self._ready_copy(table, embedder, filters.scope_keys) as index:
+            if index is None:
                 return None
             return await anyio.to_thread.run_sync(
                 index.rank, vector, filters.scope_keys, filters.corpora, filters.kinds
@@ -1022,13 +1030,8 @@ class SqliteStore:
         rowids: Sequence[int],
     ) -> dict[int, float]:
         """The cosine of each of these rows the in-memory copy holds."""
-        index = await self._copy(table, embedder)
-        if index is None:
-            return {}
-        async with index.lock:
-            if not await self._prepared(index, scope_keys):
-                return {}
-            return index.cosines_of(vector, rowids)
+        async with self._ready_copy(table, embedder, scope_keys) as index:
+            return {} if index is None else index.cosines_of(vector, rowids)
 
     async def _delete_vectors(
         self, conn: aiosqlite.Connection, embedder: str, seq: int, count: int
