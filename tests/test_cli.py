@@ -263,3 +263,59 @@ def test_version_and_a_missing_command() -> None:
     code, _, err = run("--verbose")
     assert code == 2
     assert "memory-mcp --help" in err
+
+
+def test_the_conflict_inbox_archive_and_restore(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MEMORY_MCP_EMBEDDER_BACKEND", "bm25")  # no model needed here
+    run("store", "Run tests with pytest -x", cwd=project)
+    code, out, _ = run("store", "--json", "Never run tests with -x", cwd=project)
+    stored = json.loads(out)
+    assert code == 0 and stored["action"] == "conflict"
+    code, out, _ = run("conflicts", cwd=project)
+    assert code == 0 and f"#{stored['conflict_id']}" in out
+    assert "new" in out and "Never run tests with -x" in out and "Run tests with pytest -x" in out
+    code, out, err = run("conflicts", "resolve", str(stored["conflict_id"]), "--keep", "old")
+    assert code == 0 and "kept old" in out, err
+    code, out, _ = run("conflicts", "resolve", str(stored["conflict_id"]), "--keep", "old")
+    assert code == 65 and "already resolved" in _
+    code, out, _ = run("conflicts", cwd=project)
+    assert "no open conflicts" in out
+    code, out, _ = run("archived", "--json", cwd=project)
+    [archived] = json.loads(out)
+    assert archived["id"] == stored["id"]
+    assert archived["archived_reason"] == f"conflict-{stored['conflict_id']}"
+    code, out, _ = run("restore", stored["id"], cwd=project)
+    assert code == 0 and "restored" in out
+    code, out, _ = run("restore", "f_NOPE", cwd=project)
+    assert code == 66
+
+
+def test_maintain_dry_run_project_done_and_status(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MEMORY_MCP_EMBEDDER_BACKEND", "bm25")
+    run("store", "The staging database is called pigeon_stage", cwd=project)
+    code, out, _ = run("maintain", "--dry-run", "--json", cwd=project)
+    assert code == 0
+    planned = json.loads(out)
+    assert planned["dry_run"] and [t["task"] for t in planned["tasks"]] == [
+        "reembed",
+        "consolidate",
+        "insights",
+        "staleness",
+        "purge",
+    ]
+    code, out, _ = run("maintain", "--task", "purge", "--task", "staleness", cwd=project)
+    assert code == 0 and "staleness" in out and "purge" in out and "consolidate" not in out
+    code, out, _ = run("status", cwd=project)
+    assert code == 0 and "maintenance" in out and "purge" in out and "ago" in out
+    code, out, _ = run("maintain", "--task", "nope", cwd=project)
+    assert code == 2
+    code, out, _ = run("project", "done", "--dry-run", cwd=project)
+    assert code == 0 and "would archive 1 records" in out
+    code, out, _ = run("project", "done", cwd=project)
+    assert code == 0 and "archived 1 records" in out
+    code, out, _ = run("search", "staging database", cwd=project)
+    assert "no memories found" in out

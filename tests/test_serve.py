@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 from mcp import Client, StdioServerParameters
@@ -464,3 +465,23 @@ def test_http_stops_cleanly_on_a_signal(
     with http_server(env, project, "streamable-http") as (_, process):
         process.send_signal(signum)
         assert process.wait(timeout=30) == 0
+
+
+async def test_the_server_runs_maintenance_by_itself(env: dict[str, str], project: Path) -> None:
+    from memory_mcp.maintenance import TASKS
+    from memory_mcp.storage.sqlite import SqliteStore
+
+    env = {**env, "MEMORY_MCP_EMBEDDER_BACKEND": "bm25"}
+    async with stdio(env, project, "claude-code", mode="legacy") as c:
+        await call(c, "memory_store", content="Releases are tagged vX.Y.Z", cwd=str(project))
+        store = await SqliteStore.open(Path(env["MEMORY_MCP_DATA_DIR"]) / "memory.db")
+        try:
+            with anyio.fail_after(60):
+                tasks = await store.tasks()
+                while not all(t in tasks and tasks[t].last_finished_at for t in TASKS):
+                    await anyio.sleep(0.1)
+                    tasks = await store.tasks()  # written by the server process
+        finally:
+            await store.close()
+    assert tasks["reembed"].last_summary["skipped"].startswith("no dense embedder")
+    assert all(not tasks[t].last_error for t in TASKS)

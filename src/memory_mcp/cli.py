@@ -694,6 +694,37 @@ def status(cwd: CwdOption = None, as_json: JsonOption = False) -> None:
     else:
         out.print("records         none yet")
     out.print(f"open conflicts  {info.stats.open_conflicts}")
+    _print_tasks(info)
+
+
+def _print_tasks(info: Status) -> None:
+    """When each maintenance task last ran, what it did, and what waits."""
+    from memory_mcp.brief import age
+    from memory_mcp.maintenance import TASKS
+
+    now = datetime.now(UTC)
+    table = Table("task", "last run", "result", "next", box=None)
+    for name in TASKS:
+        state = info.tasks.get(name)
+        if state is None or state.last_finished_at is None:
+            table.add_row(name, "never", "", "")
+            continue
+        summary = state.last_summary
+        if state.last_error:
+            result = f"failed ({state.failures}x): {_short(state.last_error, 60)}"
+        elif summary.get("skipped"):
+            result = f"skipped: {_short(str(summary['skipped']), 60)}"
+        else:
+            counts = summary.get("counts", {})
+            result = ", ".join(f"{n} {what}" for what, n in counts.items() if n) or "nothing to do"
+            if summary.get("pending"):
+                result += f"; {summary['pending']} left"
+        later = f"retry after {state.retry_after}" if state.retry_after else ""
+        if state.holder:
+            later = f"running ({state.holder})"
+        table.add_row(name, f"{age(state.last_finished_at, now)} ago", result, later)
+    out.print("maintenance")
+    out.print(table)
 
 
 @app.command("export")
@@ -824,6 +855,200 @@ def reembed(
             f"embedded {summary.embedded} records with {summary.embedder}; "
             f"{summary.remaining} remaining"
         )
+
+
+# Maintenance --------------------------------------------------------------------------
+
+conflicts_app = typer.Typer(
+    help="The operator's inbox: open conflicts, and `conflicts resolve`.",
+    invoke_without_command=True,
+)
+app.add_typer(conflicts_app, name="conflicts")
+project_app = typer.Typer(help="Whole-project actions.", no_args_is_help=True)
+app.add_typer(project_app, name="project")
+
+
+class Task(StrEnum):
+    reembed = "reembed"
+    consolidate = "consolidate"
+    insights = "insights"
+    staleness = "staleness"
+    purge = "purge"
+
+
+@app.command()
+def maintain(
+    task: Annotated[
+        list[Task] | None, typer.Option("--task", help="Run only this task (repeatable).")
+    ] = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run", help="Count what a run would do, on a copy of the database (no LLM)."
+        ),
+    ] = False,
+    cwd: CwdOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Run the maintenance tasks now: re-embed, consolidate, insights, staleness, purge."""
+    from memory_mcp import maintenance
+
+    chosen = [t.value for t in task] if task else list(maintenance.TASKS)
+
+    async def use(memory: MemoryService) -> list[maintenance.TaskReport]:
+        with err.status("maintenance") as spinner:
+
+            def say(name: str) -> None:
+                spinner.update(f"maintenance: {name}")
+
+            if dry_run:
+                return await maintenance.dry_run(memory, chosen, progress=say)
+            return await maintenance.Maintenance(memory, progress=say).run(chosen)
+
+    reports = _with_memory(cwd, use)
+    if as_json:
+        _print_json({"dry_run": dry_run, "tasks": [r.to_json() for r in reports]})
+    else:
+        verb = "would do" if dry_run else "did"
+        for report in reports:
+            out.print(f"{report.task:<12} {verb}: {report.describe()}")
+    if any(r.error for r in reports):
+        raise typer.Exit(69)
+
+
+@conflicts_app.callback()
+def conflicts(ctx: typer.Context, cwd: CwdOption = None, as_json: JsonOption = False) -> None:
+    """List the open conflicts: both texts, the scope and the age."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from memory_mcp import maintenance
+    from memory_mcp.brief import age
+
+    views = _with_memory(cwd, maintenance.open_conflicts, wait=0)
+    if as_json:
+        _print_json([v.to_json() for v in views])
+        return
+    if not views:
+        out.print("no open conflicts")
+        return
+    now = datetime.now(UTC)
+    for view in views:
+        c = view.conflict
+        where = c.scope_key or "global"
+        out.print(f"#{c.id}  {where}  {age(c.created_at, now)} ago  ({c.reason})")
+        for label, record, record_id in (
+            ("new", view.new, c.record_id),
+            ("old", view.old, c.other_id),
+        ):
+            text = _short(record.content) if record is not None else "(purged)"
+            out.print(f"  {label} {record_id}: {text}")
+    out.print("resolve with: memory-mcp conflicts resolve ID --keep new|old|both|merged")
+
+
+class KeepChoice(StrEnum):
+    new = "new"
+    old = "old"
+    both = "both"
+    merged = "merged"
+
+
+@conflicts_app.command("resolve")
+def conflicts_resolve(
+    conflict_id: Annotated[int, typer.Argument(help="The conflict's number (#ID).")],
+    keep: Annotated[KeepChoice, typer.Option(help="Which statement holds.")],
+    text: Annotated[
+        str | None, typer.Option(help="With --keep merged: the statement that replaces both.")
+    ] = None,
+    cwd: CwdOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Resolve a conflict: keep the newer, the older, both, or a merged text."""
+    from memory_mcp import maintenance
+
+    async def use(memory: MemoryService) -> Any:
+        return await maintenance.resolve_conflict(memory, conflict_id, keep.value, text)
+
+    closed, merged = _with_memory(cwd, use, wait=_EMBEDDER_WAIT if text else 0)
+    if as_json:
+        _print_json(
+            {"conflict": closed.to_json(), "merged": None if merged is None else merged.to_json()}
+        )
+    else:
+        out.print(f"conflict #{closed.id} resolved: {closed.resolution}")
+
+
+@app.command()
+def archived(
+    reason: Annotated[str | None, typer.Option(help="Only those archived for this reason.")] = None,
+    all_scopes: Annotated[
+        bool, typer.Option("--all", help="Every project, not only this one and global.")
+    ] = False,
+    limit: Annotated[int, typer.Option(min=1, help="Most records to list.")] = 50,
+    cwd: CwdOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """List archived records, most recent first (restore them with `memory-mcp restore`)."""
+    from memory_mcp.brief import age
+
+    async def use(memory: MemoryService) -> Any:
+        keys = () if all_scopes else memory.scope_keys("all", cwd)
+        return await memory.db.archived(keys, reason=reason, limit=limit)
+
+    records = _with_memory(cwd, use, wait=0)
+    if as_json:
+        _print_json([r.to_json() for r in records])
+        return
+    if not records:
+        out.print("no archived records")
+        return
+    now = datetime.now(UTC)
+    for record in records:
+        assert record.archived_at is not None
+        when = age(record.archived_at, now)
+        out.print(
+            f"{record.id}  {record.archived_reason}  {when} ago  {_short(record.content, 80)}"
+        )
+
+
+@app.command()
+def restore(
+    record_ids: Annotated[list[str], typer.Argument(help="Ids of archived records.")],
+    cwd: CwdOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Bring archived records back exactly as they were (until the purge)."""
+    from memory_mcp import maintenance
+
+    async def use(memory: MemoryService) -> Any:
+        return await maintenance.restore(memory, record_ids)
+
+    records = _with_memory(cwd, use)
+    if as_json:
+        _print_json([r.to_json() for r in records])
+    else:
+        for record in records:
+            out.print(f"{record.id} restored: {_short(record.content, 80)}")
+
+
+@project_app.command("done")
+def project_done(
+    cwd: CwdOption = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Only count.")] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Archive a finished project's records (reason project-done; restorable until purged)."""
+    from memory_mcp import maintenance
+
+    async def use(memory: MemoryService) -> int:
+        return await maintenance.archive_project(memory, cwd, dry_run=dry_run)
+
+    count = _with_memory(cwd, use, wait=0)
+    root = project_root(cwd)
+    if as_json:
+        _print_json({"project": str(root), "archived": count, "dry_run": dry_run})
+    else:
+        verb = "would archive" if dry_run else "archived"
+        out.print(f"{verb} {count} records of {root}")
 
 
 # Benchmarks ---------------------------------------------------------------------------

@@ -249,6 +249,98 @@ class ServeSettings(_Section):
     )
 
 
+class MaintenanceSettings(_Section):
+    enabled: bool = Field(
+        True,
+        description=(
+            "Run the maintenance loop inside `memory-mcp serve` (re-embed, consolidate, "
+            "insights, staleness, purge). `memory-mcp maintain` runs it on demand either way."
+        ),
+    )
+    interval_minutes: float = Field(
+        60.0,
+        ge=1,
+        description=(
+            "Minutes between two runs of the consolidation sweep, insights, staleness and "
+            "purge. Re-embedding runs whenever records await vectors."
+        ),
+    )
+    lease_seconds: int = Field(
+        600,
+        ge=30,
+        description=(
+            "How long a task's lease lasts before another process may take it over; a running "
+            "task renews it between batches."
+        ),
+    )
+    retry_minutes: float = Field(
+        5.0,
+        gt=0,
+        description="First wait after a task fails (an embedder outage); it doubles each time.",
+    )
+    retry_max_minutes: float = Field(
+        360.0, gt=0, description="Longest wait between two attempts of a failing task."
+    )
+    consolidate: bool = Field(
+        True,
+        description=(
+            "Fold the duplicates the write-time fold missed, across each whole project, with "
+            "the same rules ([fold]); contradictions become conflicts."
+        ),
+    )
+    insights: bool = Field(
+        True, description="Write insights: summaries of groups of related facts."
+    )
+    insight_similarity: float = Field(
+        0.6,
+        ge=0,
+        le=1,
+        description="Cosine similarity from which two facts belong to one insight's group.",
+    )
+    insight_min_facts: int = Field(3, ge=2, description="Fewest facts an insight summarizes.")
+    insight_max_facts: int = Field(12, ge=2, description="Most facts one insight summarizes.")
+    dormant_days: int = Field(
+        90,
+        description=(
+            "A project with no write or search for this many days is dormant: its facts never "
+            "returned by a search are archived (reason dormant). Negative: never."
+        ),
+    )
+    stale_days: int = Field(
+        30, ge=0, description="Only facts older than this many days are archived as dormant."
+    )
+    grace_days: float = Field(
+        30.0,
+        ge=0,
+        description=(
+            "Archived records are purged (deleted for good) this many days after they were "
+            "archived; until then `memory-mcp restore` brings them back."
+        ),
+    )
+    llm_base_url: str = Field(
+        "",
+        description=(
+            "OpenAI-compatible chat endpoint that refines the text of consolidated memories "
+            "and writes insights, e.g. http://127.0.0.1:11434/v1. Empty: not used."
+        ),
+    )
+    llm_model: str = Field("", description="Model name sent to the chat endpoint.")
+    llm_api_key: str = Field(
+        "", description="Bearer key for the chat endpoint (prefer the environment variable)."
+    )
+    llm_command: str = Field(
+        "",
+        description=(
+            "Command that refines instead of an endpoint, e.g. `claude -p {prompt}` or "
+            "`codex exec {prompt}`: {prompt} becomes one argument (no shell); without it the "
+            "prompt goes to standard input. The answer is its standard output. Empty: not used."
+        ),
+    )
+    llm_timeout: float = Field(
+        120.0, gt=0, description="Seconds before an LLM call is abandoned (the text stays as is)."
+    )
+
+
 class Settings(_Section):
     data_dir: str = Field(
         "",
@@ -265,6 +357,7 @@ class Settings(_Section):
     storage: StorageSettings = Field(default_factory=StorageSettings)  # type: ignore[arg-type]
     brief: BriefSettings = Field(default_factory=BriefSettings)  # type: ignore[arg-type]
     serve: ServeSettings = Field(default_factory=ServeSettings)  # type: ignore[arg-type]
+    maintenance: MaintenanceSettings = Field(default_factory=MaintenanceSettings)  # type: ignore[arg-type]
 
     def database_path(self) -> Path:
         """Where the SQLite database lives."""

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import anyio
 from mcp.server.transport_security import TransportSecuritySettings
 
+from memory_mcp import maintenance
 from memory_mcp.config import LoadedSettings, ServeSettings, load_settings
 from memory_mcp.errors import ConfigError, MemoryMcpError
 from memory_mcp.scope import project_root
@@ -167,6 +168,8 @@ async def serve(
         check_exposure(settings)
     async with MemoryService.open(loaded) as memory, anyio.create_task_group() as group:
         group.start_soon(memory.warm_up)  # the start directory's project
+        if memory.settings.maintenance.enabled:
+            group.start_soon(maintenance.loop, memory)
         server = build_server(memory)
         if transport == "stdio":
             log.info("serving MCP over stdio (%s)", memory.db.path)

@@ -11,6 +11,7 @@ the result. Nothing in this package imports ``mcp`` or ``typer``.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -41,7 +42,7 @@ from memory_mcp.records import (
 )
 from memory_mcp.scope import GLOBAL_KEY, Scope, project_scope
 from memory_mcp.search import Candidates, SearchPlan, candidates, fuse
-from memory_mcp.storage.base import Filters, StoreStats, Vector
+from memory_mcp.storage.base import Filters, StoreStats, TaskState, Vector
 from memory_mcp.storage.sqlite import SqliteStore
 from memory_mcp.write import Draft, apply, prepare
 
@@ -62,6 +63,7 @@ SOURCE_OF_CORPUS: dict[str, str] = {c: s for s, cs in UNIFIED_SOURCES.items() fo
 UNIFIED_MAX_LIMIT = 20
 UNIFIED_CONTENT_CAP = 1200
 _COMMIT_BATCH = 64
+_AWAITING_TTL_S = 30.0
 
 
 @dataclass
@@ -98,6 +100,7 @@ class Status:
     awaiting_embedding: int
     stats: StoreStats
     settings_sources: list[str] = field(default_factory=list)
+    tasks: dict[str, TaskState] = field(default_factory=dict)  # maintenance, by task
 
 
 class MemoryService:
@@ -117,6 +120,7 @@ class MemoryService:
         self.embeddings = embeddings
         self.clock = clock
         self.sources = list(sources)
+        self._awaiting: tuple[float, int] = (-_AWAITING_TTL_S * 2, 0)
         self._plan = SearchPlan(
             candidates=settings.search.candidates,
             lexical_weight=settings.search.lexical_weight,
@@ -535,7 +539,21 @@ class MemoryService:
             status = self.embeddings.status()
             if status.degraded or status.state == "loading":
                 warnings.append(f"lexical search only: {status.reason}")
+        elif identity is not None and (waiting := await self._awaiting_vectors(identity)):
+            which = "1 record still awaits" if waiting == 1 else f"{waiting} records still await"
+            warnings.append(
+                f"{which} vectors from {identity}: until maintenance re-embeds them, they are "
+                "found by their words only"
+            )
         return vector, identity if vector is not None else None, warnings
+
+    async def _awaiting_vectors(self, identity: str) -> int:
+        """How many current records lack vectors from ``identity`` (counted every 30 s)."""
+        at, count = self._awaiting
+        if time.monotonic() - at > _AWAITING_TTL_S:
+            count = await self.db.count_needing_embedding(identity)
+            self._awaiting = (time.monotonic(), count)
+        return count
 
     async def _fan_out(
         self, text: str, branches: Sequence[tuple[str, Filters]]
@@ -571,6 +589,7 @@ class MemoryService:
         *,
         batch_size: int = 64,
         progress: Callable[[int, int], None] | None = None,
+        most: int | None = None,
     ) -> ReembedSummary:
         """Give every current record a vector from the active embedder.
 
@@ -580,6 +599,8 @@ class MemoryService:
         Args:
             batch_size: records per batch (and per transaction).
             progress: called with (records done so far, records to do).
+            most: stop after about this many records (maintenance renews its lease
+                between such rounds).
 
         Raises:
             EmbedderError: no dense embedder is ready.
@@ -592,7 +613,7 @@ class MemoryService:
         total = await self.db.count_needing_embedding(identity)
         done = 0
         seen: set[str] = set()
-        while True:
+        while most is None or len(seen) < most:
             records = await self.db.needing_embedding(identity, batch_size)
             fresh = [r for r in records if r.id not in seen]
             if not fresh:
@@ -613,6 +634,7 @@ class MemoryService:
             if progress is not None:
                 progress(done, total)
         remaining = await self.db.count_needing_embedding(identity)
+        self._awaiting = (time.monotonic(), remaining)
         return ReembedSummary(embedder=identity, embedded=done, remaining=remaining)
 
     async def get(self, record_id: str) -> Record:
@@ -640,6 +662,7 @@ class MemoryService:
             awaiting_embedding=await self.db.count_needing_embedding(identity),
             stats=stats,
             settings_sources=self.sources,
+            tasks=await self.db.tasks(),
         )
 
 

@@ -40,7 +40,7 @@ from memory_mcp.records import (
 )
 from memory_mcp.scope import Scope
 from memory_mcp.secret_scan import redact
-from memory_mcp.storage.base import Filters, Vector, WriteTransaction
+from memory_mcp.storage.base import Filters, Neighbours, Vector, WriteTransaction
 
 MAX_TAGS = 20
 MAX_TAG_CHARS = 64
@@ -224,7 +224,7 @@ async def apply(
         return _related(result, "replaced", previous[0], f"replaces the previous {record.kind}")
 
     # Facts: compare with the nearest records, most similar first.
-    candidates = await _candidates(tx, record, vectors, embedder, same_corpus, fold_settings)
+    candidates = await neighbours(tx, record, vectors, embedder, same_corpus, fold_settings)
     for old, similarity in candidates:
         decision = decide(compare(old.content, record.content, similarity), fold_settings)
         if decision.action == "fold":
@@ -253,23 +253,32 @@ def _history(old: Record, more: Sequence[Record] = ()) -> list[str]:
     return history
 
 
-async def _candidates(
-    tx: WriteTransaction,
+async def neighbours(
+    reads: Neighbours,
     record: Record,
     vectors: Vector | None,
     embedder: str | None,
     filters: Filters,
     settings: FoldSettings,
 ) -> list[tuple[Record, float | None]]:
-    """The nearest current records, with dense similarity where both have vectors."""
+    """The nearest current records, with dense similarity where both have vectors.
+
+    The write path asks inside its transaction; the consolidation sweep
+    (``maintenance``) asks the store, for records already stored.
+    """
     found: dict[str, tuple[Record, float | None]] = {}
     if vectors is not None and embedder is not None:
-        for item in await tx.nearest(vectors[0], embedder, filters, settings.candidates):
+        for item in await reads.nearest(vectors[0], embedder, filters, settings.candidates):
             found[item.record.id] = (item.record, item.score)
-    lexical = await tx.lexical(record.content, filters, settings.candidates, rare_words=True)
-    lexical_only = [item.record for item in lexical if item.record.id not in found]
+    found.pop(record.id, None)
+    lexical = await reads.lexical(record.content, filters, settings.candidates, rare_words=True)
+    lexical_only = [
+        item.record
+        for item in lexical
+        if item.record.id not in found and item.record.id != record.id
+    ]
     if vectors is not None and embedder is not None and lexical_only:
-        scores = await tx.dense_scores(vectors[0], embedder, [r.id for r in lexical_only])
+        scores = await reads.dense_scores(vectors[0], embedder, [r.id for r in lexical_only])
     else:
         scores = {}
     ordered = sorted(found.values(), key=lambda pair: -(pair[1] or 0.0))
@@ -287,23 +296,34 @@ async def _fold(
     reason: str,
 ) -> StoreResult:
     """The new text becomes canonical; the old record's id and text go to ``merged_from``."""
-    entry = MergedEntry(old.id, old.content, old.created_at, old.agent, now)
-    record.merged_from = [*old.merged_from, entry]
-    record.fold_count = old.fold_count + 1
-    record.access_count = old.access_count
-    record.last_access_at = old.last_access_at
-    record.supersedes = list(old.supersedes)
-    record.pinned = record.pinned or old.pinned
-    record.tags = list(dict.fromkeys([*old.tags, *record.tags]))
-    if old.importance is not None or record.importance is not None:
-        record.importance = max(x for x in (old.importance, record.importance) if x is not None)
-    record.meta = {**old.meta, **record.meta}
+    entry = absorb(record, old, now)
     await tx.insert(record, vectors)
     if vectors is not None and record.embedder is not None and old.embedder == record.embedder:
         # The folded texts stay findable: their vectors move to the canonical record.
         await tx.carry_vectors(old.id, record.id, record.embedder)
     await tx.fold_into(old, record.id, entry, now)
     return _related(result, "folded", old, reason)
+
+
+def absorb(keep: Record, old: Record, now: str) -> MergedEntry:
+    """Fold ``old`` into ``keep`` (in memory): its text, id, history, use and tags.
+
+    Nothing of ``old`` is lost: its text and id, and everything it had folded,
+    join ``keep.merged_from``. Returns the entry that records ``old`` itself.
+    """
+    entry = MergedEntry(old.id, old.content, old.created_at, old.agent, now)
+    keep.merged_from = [*keep.merged_from, *old.merged_from, entry]
+    keep.fold_count += old.fold_count + 1
+    keep.access_count += old.access_count
+    accessed = [t for t in (keep.last_access_at, old.last_access_at) if t is not None]
+    keep.last_access_at = max(accessed) if accessed else None
+    keep.supersedes = list(dict.fromkeys([*old.supersedes, *keep.supersedes]))
+    keep.pinned = keep.pinned or old.pinned
+    keep.tags = list(dict.fromkeys([*old.tags, *keep.tags]))
+    if old.importance is not None or keep.importance is not None:
+        keep.importance = max(x for x in (old.importance, keep.importance) if x is not None)
+    keep.meta = {**old.meta, **keep.meta}
+    return entry
 
 
 def _related(

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -53,8 +53,24 @@ class StoreStats:
     database_bytes: int = 0
 
 
-class WriteTransaction(Protocol):
-    """Operations available inside one write transaction."""
+@dataclass
+class TaskState:
+    """One maintenance task's row: its lease, last run, back-off and cursor."""
+
+    task: str
+    holder: str | None = None
+    lease_until: str | None = None
+    last_started_at: str | None = None
+    last_finished_at: str | None = None
+    last_summary: dict[str, Any] = field(default_factory=dict)
+    last_error: str | None = None
+    failures: int = 0
+    retry_after: str | None = None
+    cursor: dict[str, Any] = field(default_factory=dict)
+
+
+class Neighbours(Protocol):
+    """The reads that find a record's nearest records (the write path and the sweep)."""
 
     async def nearest(
         self, vector: Vector, embedder: str, filters: Filters, k: int
@@ -67,6 +83,10 @@ class WriteTransaction(Protocol):
     async def dense_scores(
         self, vector: Vector, embedder: str, record_ids: Sequence[str]
     ) -> dict[str, float]: ...
+
+
+class WriteTransaction(Neighbours, Protocol):
+    """Operations available inside one write transaction."""
 
     async def find_by_hash(self, content_hash: str, filters: Filters) -> list[Record]: ...
 
@@ -89,6 +109,16 @@ class WriteTransaction(Protocol):
     async def insert_raw(self, record: Record) -> bool: ...
 
     async def set_vectors(self, items: Sequence[tuple[str, Vector]], embedder: str) -> int: ...
+
+    async def get(self, record_id: str) -> Record | None: ...
+
+    async def update_merged(self, record: Record, at: str) -> bool: ...
+
+    async def restore(self, record_id: str) -> Record | None: ...
+
+    async def purge(self, record_ids: Sequence[str], archived_before: str) -> int: ...
+
+    async def resolve_conflict(self, conflict_id: int, resolution: str, at: str) -> bool: ...
 
 
 class Store(Protocol):

@@ -190,10 +190,30 @@ CREATE TABLE vector_changes (
 """
 
 
+M004_MAINTENANCE = """
+-- One row per maintenance task (maintenance.py): the lease that lets one process
+-- at a time run it, what its last run did, its back-off after a failure, and
+-- where an incremental task stopped.
+CREATE TABLE maintenance (
+    task TEXT PRIMARY KEY,
+    holder TEXT,
+    lease_until TEXT,
+    last_started_at TEXT,
+    last_finished_at TEXT,
+    last_summary TEXT NOT NULL DEFAULT '{}',
+    last_error TEXT,
+    failures INTEGER NOT NULL DEFAULT 0,
+    retry_after TEXT,
+    cursor TEXT NOT NULL DEFAULT '{}'
+);
+"""
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration("m001_records", _script(M001_RECORDS)),
     Migration("m002_emphasis", _m002_emphasis),
     Migration("m003_vector_changes", _script(M003_VECTOR_CHANGES)),
+    Migration("m004_maintenance", _script(M004_MAINTENANCE)),
 )
 
 
@@ -280,7 +300,15 @@ def backup_before(
     """
     stamp = utcnow().strftime("%Y%m%dT%H%M%S%fZ")
     target = db_path.with_name(f"{db_path.name}.backup-{stamp}-before-{migration}")
-    source = connect(str(db_path))
+    copy_database(db_path, target, connect)
+    return target
+
+
+def copy_database(
+    source_path: Path, target: Path, connect: Callable[[str], sqlite3.Connection]
+) -> None:
+    """A consistent copy of a database file (SQLite's online backup; writers go on)."""
+    source = connect(str(source_path))
     try:
         dest = connect(str(target))
         try:
@@ -289,4 +317,3 @@ def backup_before(
             dest.close()
     finally:
         source.close()
-    return target

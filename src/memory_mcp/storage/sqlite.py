@@ -31,6 +31,7 @@ import time
 from collections.abc import AsyncIterator, Collection, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,7 @@ from memory_mcp.lexical import fts_query, query_terms, stem
 from memory_mcp.passages import MAX_PASSAGES
 from memory_mcp.ranker import emphasis
 from memory_mcp.records import Conflict, MergedEntry, Record, content_hash
-from memory_mcp.storage.base import Filters, Scored, StoreStats, Vector
+from memory_mcp.storage.base import Filters, Scored, StoreStats, TaskState, Vector
 from memory_mcp.storage.dense import KEEP_CHANGES, DenseIndex, LayoutError, Moved
 from memory_mcp.storage.driver import (
     DATABASE_ERRORS,
@@ -54,7 +55,7 @@ from memory_mcp.storage.driver import (
     DriverName,
     choose_driver,
 )
-from memory_mcp.storage.migrations import migrate
+from memory_mcp.storage.migrations import copy_database, migrate
 
 log = logging.getLogger(__name__)
 
@@ -661,6 +662,169 @@ class _Transaction(_Queries):
         await self._exec(_INSERT, _record_params(record, content_hash(record.content)))
         return True
 
+    async def get(self, record_id: str) -> Record | None:
+        """A record as this transaction sees it."""
+        rows = await self._fetch(f"SELECT {_SELECT} FROM records r WHERE r.id = ?", [record_id])
+        return _record(rows[0]) if rows else None
+
+    async def update_merged(self, record: Record, at: str) -> bool:
+        """Write what a fold into a current record changed (``write.absorb``)."""
+        changed = await self._exec(
+            "UPDATE records SET merged_from = ?, merged_text = ?, fold_count = ?, "
+            "access_count = ?, last_access_at = ?, supersedes = ?, pinned = ?, tags = ?, "
+            "importance = ?, meta = ?, updated_at = ? WHERE id = ? AND live = 1",
+            [
+                json.dumps([m.to_json() for m in record.merged_from], ensure_ascii=False),
+                "\n".join(m.content for m in record.merged_from),
+                record.fold_count,
+                record.access_count,
+                record.last_access_at,
+                json.dumps(record.supersedes),
+                int(record.pinned),
+                json.dumps(record.tags, ensure_ascii=False),
+                record.importance,
+                json.dumps(record.meta, ensure_ascii=False),
+                at,
+                record.id,
+            ],
+        )
+        return changed > 0
+
+    async def set_content(self, record: Record, at: str) -> bool:
+        """Replace a current record's text (a refined merge); its vectors must be redone."""
+        changed = await self._exec(
+            "UPDATE records SET content = ?, content_hash = ?, emphasis = ?, meta = ?, "
+            "updated_at = ? WHERE id = ? AND live = 1",
+            [
+                record.content,
+                content_hash(record.content),
+                emphasis(record.content),
+                json.dumps(record.meta, ensure_ascii=False),
+                at,
+                record.id,
+            ],
+        )
+        if changed:
+            await self.drop_vectors(record.id)
+        return changed > 0
+
+    async def drop_vectors(self, record_id: str) -> None:
+        """Remove a record's vectors: it awaits embedding again (re-embed redoes them)."""
+        slot = await self._slot(record_id)
+        if slot is None or not slot.embedder or not slot.vec_rows:
+            return
+        await self._store._delete_vectors(self._conn, slot.embedder, slot.seq, slot.vec_rows)
+        self._touched.add(slot.seq)
+        await self._exec(
+            "UPDATE records SET embedder = NULL, vec_rows = 0 WHERE seq = ?", [slot.seq]
+        )
+
+    async def restore(self, record_id: str) -> Record | None:
+        """Make an archived record current again, exactly as it was; None if not archived.
+
+        A record archived by a fold also leaves the ``merged_from`` of the record
+        that absorbed it (followed to the current one), whose vectors are then
+        redone without the restored text.
+        """
+        record = await self.get(record_id)
+        if record is None or record.archived_at is None:
+            return None
+        folded = record.archived_reason == "folded" and record.replaced_by is not None
+        if folded:
+            await self._unfold(record)
+        await self._exec(
+            "UPDATE records SET archived_at = NULL, archived_reason = NULL, "
+            "replaced_by = CASE WHEN ? THEN NULL ELSE replaced_by END WHERE id = ?",
+            [int(folded), record_id],
+        )
+        return await self.get(record_id)
+
+    async def _unfold(self, record: Record) -> None:
+        """Take a folded record's entry out of the current record that holds it."""
+        holder_id = record.replaced_by
+        seen: set[str] = set()
+        while holder_id is not None and holder_id not in seen:
+            seen.add(holder_id)
+            holder = await self.get(holder_id)
+            if holder is None:
+                return
+            if holder.current:
+                kept = [m for m in holder.merged_from if m.id != record.id]
+                if len(kept) != len(holder.merged_from):
+                    holder.merged_from = kept
+                    holder.fold_count = max(0, holder.fold_count - 1)
+                    await self.update_merged(holder, holder.updated_at)
+                    await self.drop_vectors(holder.id)
+                return
+            holder_id = holder.replaced_by
+
+    async def purge(self, record_ids: Sequence[str], archived_before: str) -> int:
+        """Hard-delete archived records archived before a time; their conflicts close.
+
+        The only hard delete there is (the purge task). Triggers remove the full-text
+        rows; archived records have no vectors left.
+        """
+        if not record_ids:
+            return 0
+        ids = list(record_ids)
+        deleted = await self._exec(
+            f"DELETE FROM records WHERE id IN ({_marks(ids)}) AND archived_at IS NOT NULL "
+            "AND archived_at < ?",
+            [*ids, archived_before],
+        )
+        await self._exec(
+            "UPDATE conflicts SET resolved_at = ?, resolution = 'purged' WHERE resolved_at IS NULL "
+            f"AND (record_id IN ({_marks(ids)}) OR other_id IN ({_marks(ids)})) "
+            "AND (NOT EXISTS (SELECT 1 FROM records WHERE id = conflicts.record_id) "
+            "OR NOT EXISTS (SELECT 1 FROM records WHERE id = conflicts.other_id))",
+            [archived_before, *ids, *ids],
+        )
+        return deleted
+
+    async def resolve_conflict(self, conflict_id: int, resolution: str, at: str) -> bool:
+        changed = await self._exec(
+            "UPDATE conflicts SET resolved_at = ?, resolution = ? "
+            "WHERE id = ? AND resolved_at IS NULL",
+            [at, resolution, conflict_id],
+        )
+        return changed > 0
+
+    async def claim(
+        self, task: str, holder: str, now: str, until: str, cursor: dict[str, Any] | None = None
+    ) -> bool:
+        """Take, keep or renew ``task``'s lease until ``until``; False if another holds it.
+
+        A lease whose time is past is free. ``cursor`` saves where the task is.
+        """
+        await self._exec("INSERT OR IGNORE INTO maintenance (task) VALUES (?)", [task])
+        changed = await self._exec(
+            "UPDATE maintenance SET holder = ?, lease_until = ?, cursor = coalesce(?, cursor) "
+            "WHERE task = ? AND (holder IS NULL OR holder = ? OR lease_until IS NULL "
+            "OR lease_until < ?)",
+            [holder, until, None if cursor is None else json.dumps(cursor), task, holder, now],
+        )
+        return changed > 0
+
+    async def finish(self, state: TaskState, holder: str) -> bool:
+        """Record a run of a task and give its lease back; False if the lease was lost."""
+        changed = await self._exec(
+            "UPDATE maintenance SET holder = NULL, lease_until = NULL, last_started_at = ?, "
+            "last_finished_at = ?, last_summary = ?, last_error = ?, failures = ?, "
+            "retry_after = ?, cursor = ? WHERE task = ? AND holder = ?",
+            [
+                state.last_started_at,
+                state.last_finished_at,
+                json.dumps(state.last_summary),
+                state.last_error,
+                state.failures,
+                state.retry_after,
+                json.dumps(state.cursor),
+                state.task,
+                holder,
+            ],
+        )
+        return changed > 0
+
 
 async def _log_change(conn: aiosqlite.Connection, embedder: str, seq: int) -> None:
     """Note that record ``seq``'s vectors changed, for the in-memory copies (``dense``)."""
@@ -900,6 +1064,162 @@ class SqliteStore:
             f"resolution FROM conflicts {where} ORDER BY id"
         )
         return [Conflict(*row) for row in rows]
+
+    async def conflict(self, conflict_id: int) -> Conflict | None:
+        rows = await self._queries._fetch(
+            "SELECT id, scope_key, record_id, other_id, reason, created_at, resolved_at, "
+            "resolution FROM conflicts WHERE id = ?",
+            [conflict_id],
+        )
+        return Conflict(*rows[0]) if rows else None
+
+    async def archived(
+        self,
+        scope_keys: Sequence[str] = (),
+        *,
+        reason: str | None = None,
+        before: str | None = None,
+        limit: int = 100,
+    ) -> list[Record]:
+        """Archived records, most recently archived first.
+
+        Args:
+            scope_keys: only these scopes (all when empty).
+            reason: only those archived for this reason.
+            before: only those archived before this time.
+        """
+        clauses: list[str] = ["r.archived_at IS NOT NULL"]
+        params: list[Any] = []
+        if scope_keys:
+            clauses.append(f"r.scope_key IN ({_marks(scope_keys)})")
+            params.extend(scope_keys)
+        if reason is not None:
+            clauses.append("r.archived_reason = ?")
+            params.append(reason)
+        if before is not None:
+            clauses.append("r.archived_at < ?")
+            params.append(before)
+        rows = await self._queries._fetch(
+            f"SELECT {_SELECT} FROM records r WHERE {' AND '.join(clauses)} "
+            "ORDER BY r.archived_at DESC, r.seq DESC LIMIT ?",
+            [*params, limit],
+        )
+        return [_record(row) for row in rows]
+
+    async def project_activity(self) -> dict[str, str]:
+        """Each project scope's last activity: its newest write or access by an agent.
+
+        Maintenance's own work does not count: insights are left out, and
+        archiving changes neither time.
+        """
+        rows = await self._queries._fetch(
+            "SELECT scope_key, max(max(created_at, coalesce(last_access_at, ''))) FROM records "
+            "WHERE scope = 'project' AND corpus != 'insights' GROUP BY scope_key"
+        )
+        return {str(key): str(last) for key, last in rows}
+
+    async def unused_facts(self, scope_key: str, created_before: str, limit: int) -> list[Record]:
+        """Current facts of a scope never returned by a search, older than a time, not pinned."""
+        rows = await self._queries._fetch(
+            f"SELECT {_SELECT} FROM records r WHERE r.scope_key = ? AND r.corpus = 'facts' "
+            "AND r.live = 1 AND r.access_count = 0 AND r.pinned = 0 AND r.created_at < ? "
+            "ORDER BY r.seq LIMIT ?",
+            [scope_key, created_before, limit],
+        )
+        return [_record(row) for row in rows]
+
+    async def unarchived(self, scope_key: str, limit: int) -> list[str]:
+        """Ids of a scope's records not archived (current ones and history)."""
+        rows = await self._queries._fetch(
+            "SELECT id FROM records WHERE scope_key = ? AND archived_at IS NULL "
+            "ORDER BY seq LIMIT ?",
+            [scope_key, limit],
+        )
+        return [str(row[0]) for row in rows]
+
+    async def count_unarchived(self, scope_key: str) -> int:
+        rows = await self._queries._fetch(
+            "SELECT count(*) FROM records WHERE scope_key = ? AND archived_at IS NULL",
+            [scope_key],
+        )
+        return int(rows[0][0])
+
+    async def scope_keys(self) -> list[str]:
+        """Every scope key that has current records."""
+        rows = await self._queries._fetch(
+            "SELECT DISTINCT scope_key FROM records WHERE live = 1 ORDER BY scope_key"
+        )
+        return [str(row[0]) for row in rows]
+
+    async def after(
+        self, corpora: Sequence[str], after_seq: int, limit: int
+    ) -> list[tuple[int, Record]]:
+        """Current records of ``corpora`` past a write position, of every scope, in write order."""
+        rows = await self._queries._fetch(
+            f"SELECT {_SELECT}, r.seq FROM records r WHERE r.seq > ? AND r.live = 1 "
+            f"AND r.corpus IN ({_marks(corpora)}) ORDER BY r.seq LIMIT ?",
+            [after_seq, *corpora, limit],
+        )
+        return [(int(row[-1]), _record(row)) for row in rows]
+
+    async def conflict_between(self, a: str, b: str) -> bool:
+        """Whether two records were ever flagged as a conflict (open or resolved)."""
+        rows = await self._queries._fetch(
+            "SELECT 1 FROM conflicts WHERE (record_id = ? AND other_id = ?) "
+            "OR (record_id = ? AND other_id = ?) LIMIT 1",
+            [a, b, b, a],
+        )
+        return bool(rows)
+
+    async def vectors_of(self, record_id: str, embedder: str) -> Vector | None:
+        """A current record's passage vectors from ``embedder`` (whole text first), if any."""
+        rows = await self._queries._fetch(
+            "SELECT seq, vec_rows FROM records WHERE id = ? AND +embedder = ? AND vec_rows > 0",
+            [record_id, embedder],
+        )
+        table = self._tables.get(embedder) or await self._vector_table(self._reader, embedder)
+        if not rows or table is None:
+            return None
+        seq, count = int(rows[0][0]), int(rows[0][1])
+        found = await self._queries._fetch(
+            f"SELECT v.embedding FROM json_each(?) j JOIN {table} v ON v.rowid = j.value "
+            "ORDER BY j.key",
+            [json.dumps(_rowids(seq, count))],
+        )
+        if not found:
+            return None
+        return np.stack([np.frombuffer(bytes(row[0]), dtype=np.float32) for row in found])
+
+    async def tasks(self) -> dict[str, TaskState]:
+        """Every maintenance task's state, by name."""
+        rows = await self._queries._fetch(
+            "SELECT task, holder, lease_until, last_started_at, last_finished_at, last_summary, "
+            "last_error, failures, retry_after, cursor FROM maintenance ORDER BY task"
+        )
+        return {
+            str(row[0]): TaskState(
+                task=str(row[0]),
+                holder=row[1],
+                lease_until=row[2],
+                last_started_at=row[3],
+                last_finished_at=row[4],
+                last_summary=json.loads(row[5]),
+                last_error=row[6],
+                failures=int(row[7]),
+                retry_after=row[8],
+                cursor=json.loads(row[9]),
+            )
+            for row in rows
+        }
+
+    async def copy_to(self, target: Path) -> None:
+        """A consistent copy of the database at ``target`` (SQLite's online backup).
+
+        Writers go on meanwhile; the copy is the state of one moment.
+        """
+
+        connect = partial(self.driver.connect, busy_timeout_ms=15000)
+        await anyio.to_thread.run_sync(copy_database, self.path, target, connect)
 
     async def stats(self) -> StoreStats:
         stats = StoreStats()

@@ -1,0 +1,42 @@
+"""A separate process that runs the consolidation sweep, as a second server would.
+
+Usage: python maintenance_worker.py DB SECONDS LLM_COMMAND.  It prints "ready",
+waits for a line on stdin (the go signal), then runs the sweep again and again
+for SECONDS, and prints each attempt (wall-clock start and end, report) as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import anyio
+
+from memory_mcp.config import Settings
+from memory_mcp.embedders.base import FakeEmbedder
+from memory_mcp.llm import Command
+from memory_mcp.maintenance import Maintenance
+from memory_mcp.service import MemoryService
+
+
+async def main(db: str, seconds: str, llm: str) -> None:
+    async with MemoryService.open(
+        Settings(), database=Path(db), embedder=FakeEmbedder(), wait_for_embedder=10
+    ) as memory:
+        worker = Maintenance(memory, llm=Command(llm))
+        print("ready", flush=True)
+        sys.stdin.readline()
+        attempts = []
+        deadline = time.time() + float(seconds)
+        while time.time() < deadline:
+            start = time.time()
+            [report] = await worker.run(["consolidate"])
+            attempts.append({"start": start, "end": time.time(), "report": report.to_json()})
+            await anyio.sleep(0.01)
+        print(json.dumps(attempts), flush=True)
+
+
+if __name__ == "__main__":
+    anyio.run(main, *sys.argv[1:4])
