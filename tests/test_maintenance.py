@@ -125,6 +125,22 @@ async def test_the_sweep_folds_what_the_write_time_fold_missed(
     assert again.counts == {}
 
 
+async def test_the_loops_sweep_goes_on_in_slices_until_done(
+    memory: MemoryService, project: Path
+) -> None:
+    pairs = await planted_duplicates(memory, project)  # 7 facts
+    worker = Maintenance(memory, sweep_budget=3)
+    first = await worker.run(["consolidate"], due_only=True)
+    assert first[0].pending == 4
+    second = await worker.run(["consolidate"], due_only=True)  # due at once: work was left
+    third = await worker.run(["consolidate"], due_only=True)
+    assert second[0].pending == 1 and third[0].pending == 0
+    folded = sum(r[0].counts.get("folded", 0) for r in (first, second, third))
+    assert folded == len(pairs)
+    [later] = await worker.run(["consolidate"], due_only=True)
+    assert later.skipped.startswith("next run at")
+
+
 async def test_the_sweep_flags_a_contradiction_once(memory: MemoryService, project: Path) -> None:
     old = await plant(memory, "Run tests with pytest -x", project, days_ago=2)
     new = await plant(memory, "Never run tests with -x", project, days_ago=1)

@@ -1162,6 +1162,14 @@ class SqliteStore:
         )
         return [(int(row[-1]), _record(row)) for row in rows]
 
+    async def count_after(self, corpora: Sequence[str], after_seq: int) -> int:
+        rows = await self._queries._fetch(
+            f"SELECT count(*) FROM records WHERE seq > ? AND live = 1 "
+            f"AND corpus IN ({_marks(corpora)})",
+            [after_seq, *corpora],
+        )
+        return int(rows[0][0])
+
     async def conflict_between(self, a: str, b: str) -> bool:
         """Whether two records were ever flagged as a conflict (open or resolved)."""
         rows = await self._queries._fetch(
