@@ -12,7 +12,6 @@ import threading
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
-from functools import partial
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import Any
@@ -552,7 +551,7 @@ async def test_rows_converge_to_a_new_embedder_without_a_command(
         assert [h.record.id for h in waiting.hits][:1] == [stored[0].id]  # found by words
         assert any("3 records still await vectors" in w for w in waiting.warnings)
         async with anyio.create_task_group() as group:
-            group.start_soon(partial(maintenance.loop, memory, tick_seconds=0.05))
+            group.start_soon(maintenance.loop, memory)  # its first check runs at once
             with anyio.fail_after(10):
                 while await memory.db.count_needing_embedding("fake:new"):  # noqa: ASYNC110
                     await anyio.sleep(0.05)  # polls the database another task writes
@@ -735,3 +734,95 @@ async def test_six_months_of_use_dry_runs_match_and_everything_is_reversible(
 async def _records(memory: MemoryService) -> AsyncIterator[dict[str, Any]]:
     async for record in memory.db.iter_records():
         yield record.to_json()
+
+
+# Review findings: each would have slipped through before --------------------------
+
+
+async def test_a_command_with_prompt_in_its_arguments_gets_no_stdin(tmp_path: Path) -> None:
+    script = tmp_path / "reads-stdin.py"
+    script.write_text("import sys\nprint(repr(sys.stdin.read()) + ' ' + sys.argv[1])\n")
+    answer = await Command(f"{sys.executable} {script} {{prompt}}").complete("hello")
+    assert answer == "'' hello"  # stdin was empty (/dev/null), not the server's own
+
+
+def test_a_command_template_that_does_not_parse_is_refused_at_load() -> None:
+    from memory_mcp.config import load_settings
+    from memory_mcp.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="llm_command"):
+        load_settings(env={"MEMORY_MCP_MAINTENANCE_LLM_COMMAND": 'claude -p "{prompt}'})
+
+
+async def test_a_restored_dormant_fact_is_not_archived_again_at_once(
+    memory: MemoryService, project: Path, clock: Clock
+) -> None:
+    fact = await memory.store("The staging database is called pigeon_stage", cwd=project)
+    clock.advance(days=100)
+    worker = Maintenance(memory)
+    [report] = await worker.run(["staleness"])
+    assert report.counts == {"archived": 1, "projects": 1}
+    await maintenance.restore(memory, [fact.id])
+    clock.advance(hours=2)
+    [again] = await worker.run(["staleness"])
+    assert again.counts == {} and (await memory.get(fact.id)).current
+
+
+async def test_a_folded_record_comes_back_field_for_field(
+    memory: MemoryService, project: Path, clock: Clock
+) -> None:
+    first = await memory.store(
+        "Run the linter with make lint before pushing", cwd=project, tags=["ci"]
+    )
+    await memory.search("linter make lint", cwd=project)
+    before = (await memory.get(first.id)).to_json()
+    clock.advance(days=1)
+    second = await memory.store("Run the linter with make lint before a push", cwd=project)
+    assert second.action == "folded"
+    holder = await memory.get(second.id)
+    assert holder.access_count == 1 and holder.fold_count == 1
+    [restored] = await maintenance.restore(memory, [first.id])
+    assert restored.to_json() == before
+    holder = await memory.get(second.id)
+    assert (holder.merged_from, holder.fold_count, holder.access_count) == ([], 0, 0)
+
+
+async def test_a_task_whose_lease_was_taken_over_stops(
+    memory: MemoryService, project: Path, clock: Clock
+) -> None:
+    slow = Maintenance(memory, holder="slow")
+    assert await slow._claim("consolidate", clock())
+    slow._task = "consolidate"
+    clock.advance(seconds=memory.settings.maintenance.lease_seconds + 1)
+    [report] = await Maintenance(memory, holder="other").run(["consolidate"])
+    assert not report.skipped  # the stalled lease was free to take
+    async with memory.db.write() as tx:
+        assert await tx.claim("consolidate", "other", _stamp(clock()), _stamp(clock()))
+    with pytest.raises(maintenance.LeaseLost):
+        await slow._renew()
+
+
+async def test_purge_takes_the_history_of_a_forgotten_fact_and_keeps_a_folds(
+    memory: MemoryService, project: Path, clock: Clock
+) -> None:
+    v15 = await memory.store("The pigeon app's minimum iOS version is 15.", cwd=project)
+    v16 = await memory.store("The pigeon app's minimum iOS version is 16.", cwd=project)
+    assert v16.action == "superseded"
+    await memory.forget(v16.id)
+    kept_old = await memory.store("The web app's minimum Node version is 18.", cwd=project)
+    kept_new = await memory.store("The web app's minimum Node version is 20.", cwd=project)
+    assert kept_new.action == "superseded"
+    # the current one is absorbed by a sweep-like fold: its history moves to the holder
+    holder = await plant(memory, "The web app's minimum Node version is 20", project)
+    await memory.reembed()
+    [swept] = await Maintenance(memory).run(["consolidate"])
+    assert swept.counts == {"folded": 1}
+    assert (await memory.get(kept_new.id)).replaced_by == holder.id
+    clock.advance(days=31)
+    [report] = await Maintenance(memory).run(["purge"])
+    assert report.counts == {"purged": 3}  # v16, its history v15, and the folded record
+    assert await memory.db.get(v15.id) is None and await memory.db.get(v16.id) is None
+    history = await memory.get(kept_old.id)
+    assert (
+        history.replaced_by == holder.id and kept_old.id in (await memory.get(holder.id)).supersedes
+    )

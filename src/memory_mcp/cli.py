@@ -31,7 +31,7 @@ from rich.table import Table
 from memory_mcp import __version__
 from memory_mcp.config import LoadedSettings, describe_errors, load_settings
 from memory_mcp.errors import ConfigError, MemoryMcpError
-from memory_mcp.records import STORABLE_KINDS, Corpus, Hit, StoreResult, parse_time
+from memory_mcp.records import STORABLE_KINDS, Corpus, Hit, StoreResult, format_time, parse_time
 from memory_mcp.scope import project_root
 from memory_mcp.service import MemoryService, Status
 
@@ -720,7 +720,7 @@ def _print_tasks(info: Status) -> None:
             if summary.get("pending"):
                 result += f"; {summary['pending']} left"
         later = f"retry after {state.retry_after}" if state.retry_after else ""
-        if state.holder:
+        if state.holder and state.lease_until and state.lease_until > format_time(now):
             later = f"running ({state.holder})"
         table.add_row(name, f"{age(state.last_finished_at, now)} ago", result, later)
     out.print("maintenance")

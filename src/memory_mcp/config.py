@@ -17,6 +17,7 @@ user's hands.
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 import tomllib
 from collections.abc import Iterator, Mapping
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from memory_mcp.errors import ConfigError
 
@@ -265,6 +266,17 @@ class MaintenanceSettings(_Section):
             "purge. Re-embedding runs whenever records await vectors."
         ),
     )
+    check_seconds: float = Field(
+        60.0, ge=1, description="How often the server's loop looks for a task that is due."
+    )
+    sweep_facts: int = Field(
+        1000,
+        ge=1,
+        description=(
+            "Most facts one consolidation run of the server's loop compares; the rest waits "
+            "for the next check, so a first sweep of a large store comes in slices."
+        ),
+    )
     lease_seconds: int = Field(
         600,
         ge=30,
@@ -339,6 +351,25 @@ class MaintenanceSettings(_Section):
     llm_timeout: float = Field(
         120.0, gt=0, description="Seconds before an LLM call is abandoned (the text stays as is)."
     )
+
+    @field_validator("llm_command")
+    @classmethod
+    def _splits(cls, value: str) -> str:
+        if value.strip():
+            try:
+                if not shlex.split(value):
+                    raise ValueError("it names no command")
+            except ValueError as exc:
+                raise ValueError(f"{value!r} does not parse as a command: {exc}") from exc
+        return value
+
+    @model_validator(mode="after")
+    def _ranges(self) -> MaintenanceSettings:
+        if self.insight_min_facts > self.insight_max_facts:
+            raise ValueError("insight_min_facts is larger than insight_max_facts")
+        if self.retry_minutes > self.retry_max_minutes:
+            raise ValueError("retry_minutes is larger than retry_max_minutes")
+        return self
 
 
 class Settings(_Section):

@@ -11,6 +11,7 @@ status, empty answer) raises ``LLMError``; the caller keeps the text it had.
 from __future__ import annotations
 
 import shlex
+import subprocess
 from typing import Protocol
 
 import anyio
@@ -80,9 +81,7 @@ class Command:
     """A command that reads a prompt and prints an answer (``claude -p {prompt}``)."""
 
     def __init__(self, template: str, *, timeout: float = 120.0) -> None:
-        self.argv = shlex.split(template)
-        if not self.argv:
-            raise LLMError("maintenance.llm_command is empty")
+        self.argv = command_argv(template)
         self._timeout = timeout
 
     @property
@@ -92,10 +91,11 @@ class Command:
     async def complete(self, prompt: str) -> str:
         placeholder = any("{prompt}" in arg for arg in self.argv)
         argv = [arg.replace("{prompt}", prompt) for arg in self.argv]
-        stdin = None if placeholder else prompt.encode("utf-8")
+        # Never the server's own stdin: over stdio, that is the MCP client's pipe.
+        feed = {"stdin": subprocess.DEVNULL} if placeholder else {"input": prompt.encode("utf-8")}
         try:
             with anyio.fail_after(self._timeout):
-                done = await anyio.run_process(argv, input=stdin, check=False)
+                done = await anyio.run_process(argv, check=False, start_new_session=True, **feed)
         except TimeoutError as exc:
             raise LLMError(f"{self.name} did not answer within {self._timeout:g} s") from exc
         except OSError as exc:
@@ -104,6 +104,21 @@ class Command:
             detail = done.stderr.decode("utf-8", "replace").strip()[-300:]
             raise LLMError(f"{self.name} exited with {done.returncode}: {detail}")
         return _answer(done.stdout.decode("utf-8", "replace"), self.name)
+
+
+def command_argv(template: str) -> list[str]:
+    """A command template as arguments (shell quoting rules, no shell).
+
+    Raises:
+        LLMError: it does not split (an unbalanced quote) or names nothing.
+    """
+    try:
+        argv = shlex.split(template)
+    except ValueError as exc:
+        raise LLMError(f"maintenance.llm_command {template!r} does not parse: {exc}") from exc
+    if not argv:
+        raise LLMError("maintenance.llm_command names no command")
+    return argv
 
 
 def _answer(text: object, name: str) -> str:

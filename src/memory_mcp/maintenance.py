@@ -71,10 +71,6 @@ _REEMBED_ROUND = 512  # records re-embedded between two lease renewals
 # Records per embedding call when re-embedding: small, so that a search waiting for
 # the model (one call at a time) waits ~0.1 s, not the 0.8 s of 64 passages.
 _REEMBED_BATCH = 8
-# Facts one sweep of the server's loop compares at most (~35 ms each at 50,000
-# memories); the rest waits for the next minute, so a first sweep of a large
-# store does not hold a core for half an hour at once.
-LOOP_SWEEP_BUDGET = 1000
 INSIGHT_POOL = 1000  # facts of a scope, best by prior, that insights group
 LEXICAL_INSIGHT_SIMILARITY = 0.3  # word overlap that relates two facts without vectors
 _HIGHLIGHTS = 5
@@ -82,6 +78,7 @@ _HIGHLIGHT_CHARS = 180
 _KEYWORDS = 12
 
 Progress = Callable[[str], None]
+Matrix = np.ndarray[Any, np.dtype[np.float32]]
 
 
 @dataclass
@@ -144,6 +141,7 @@ class Maintenance:
         self._say = progress or (lambda _: None)
         self._task = ""
         self._cursor: dict[str, Any] = {}
+        self._renewed = memory.clock()  # when the running task's lease was last renewed
 
     # Running -------------------------------------------------------------------------
 
@@ -158,11 +156,10 @@ class Maintenance:
         unknown = [t for t in tasks if t not in TASKS]
         if unknown:
             raise InvalidInput(f"unknown task {unknown[0]!r}; use one of: {', '.join(TASKS)}")
-        states = await self.db.tasks()
         reports = []
         for name in TASKS:
             if name in tasks:
-                reports.append(await self._run_one(name, states.get(name), due_only=due_only))
+                reports.append(await self._run_one(name, due_only=due_only))
         return reports
 
     def not_due(self, state: TaskState | None, now: datetime) -> str:
@@ -170,7 +167,9 @@ class Maintenance:
         if state is None:
             return ""
         stamp = format_time(now)
-        if state.retry_after and stamp < state.retry_after:
+        # A re-embedding that waits out an outage goes as soon as the embedder is back.
+        recovered = state.task == "reembed" and self.memory.embeddings.ready
+        if state.retry_after and stamp < state.retry_after and not recovered:
             return f"waiting until {state.retry_after} after a failure: {state.last_error}"
         if state.last_summary.get("pending") and not state.last_error:
             return ""  # it stopped with work left: go on
@@ -182,14 +181,17 @@ class Maintenance:
                 return f"next run at {format_time(due)}"
         return ""
 
-    async def _run_one(self, name: str, state: TaskState | None, *, due_only: bool) -> TaskReport:
-        state = state or TaskState(task=name)
+    async def _run_one(self, name: str, *, due_only: bool) -> TaskReport:
         now = self.memory.clock()
-        if due_only and (why := self.not_due(state, now)):
-            return TaskReport(name, skipped=why)
         if not self.dry_run and not await self._claim(name, now):
             return TaskReport(name, skipped="another process is running it")
+        # Read under the lease: another process may have run it a moment ago.
+        state = (await self.db.tasks()).get(name) or TaskState(task=name)
+        if due_only and (why := self.not_due(state, now)):
+            await self._release(name)
+            return TaskReport(name, skipped=why)
         self._task, self._cursor = name, dict(state.cursor)
+        self._renewed = now
         self._say(name)
         work: Callable[[], Awaitable[TaskReport]] = getattr(self, f"_{name}")
         try:
@@ -206,6 +208,10 @@ class Maintenance:
             state.retry_after = format_time(self.memory.clock() + timedelta(minutes=wait))
             state.last_error = str(exc) or type(exc).__name__
             report = TaskReport(name, error=state.last_error)
+        except BaseException:  # cancelled (the server stops): let a restart take it at once
+            with anyio.CancelScope(shield=True):
+                await self._release(name)
+            raise
         else:
             state.failures, state.retry_after, state.last_error = 0, None, None
         state.last_started_at = format_time(now)
@@ -216,6 +222,11 @@ class Maintenance:
             async with self.db.write() as tx:
                 await tx.finish(state, self.holder)
         return report
+
+    async def _release(self, task: str) -> None:
+        if not self.dry_run:
+            async with self.db.write() as tx:
+                await tx.release(task, self.holder)
 
     async def _claim(self, task: str, now: datetime) -> bool:
         until = now + timedelta(seconds=self.settings.lease_seconds)
@@ -234,6 +245,13 @@ class Maintenance:
             )
         if not kept:
             raise LeaseLost(self._task)
+        self._renewed = now
+
+    async def _keep_lease(self) -> None:
+        """Renew the lease if a third of it has gone by (before a slow LLM call)."""
+        elapsed = (self.memory.clock() - self._renewed).total_seconds()
+        if elapsed > self.settings.lease_seconds / 3:
+            await self._renew()
 
     # reembed -------------------------------------------------------------------------
 
@@ -281,6 +299,7 @@ class Maintenance:
         if not self.settings.consolidate:
             return TaskReport("consolidate", skipped="maintenance.consolidate is off")
         identity = self._dense()
+        self.db.forget_word_counts()  # fresh, as on a dry run's copy: the same candidates
         mark = int(self._cursor.get("seq", 0)) if self._cursor.get("embedder") == identity else 0
         counts: Counter[str] = Counter()
         compared = 0
@@ -362,15 +381,8 @@ class Maintenance:
         if self.llm is None or self.dry_run:
             return
         texts = [record.content, *(m.content for m in record.merged_from)]
-        try:
-            answer = await self.llm.complete(refine_prompt(texts))
-        except LLMError as exc:
-            log.warning("could not refine %s: %s", record.id, exc)
-            return
-        text = clean_text(answer)
-        if self.memory.settings.write.secrets != "off":
-            text = redact(text).text
-        if not text or text == record.content or len(text) > self.memory.settings.write.max_chars:
+        text = await self._ask(refine_prompt(texts))
+        if text is None or text == record.content:
             return
         at = format_time(self.memory.clock())
         previous = [*record.meta.get("previous_texts", [])]
@@ -381,6 +393,27 @@ class Maintenance:
             changed = await tx.set_content(record, at)
         if changed:
             await self._embed_now([record.id])
+
+    async def _ask(self, prompt: str) -> str | None:
+        """The LLM's answer, cleaned and redacted like any write; None if it gave none.
+
+        The task's lease is renewed first if a third of it has gone by: an answer
+        may take up to ``llm_timeout``.
+        """
+        if self.llm is None or self.dry_run:
+            return None
+        await self._keep_lease()
+        try:
+            answer = await self.llm.complete(prompt)
+        except LLMError as exc:
+            log.warning("no answer from the LLM: %s", exc)
+            return None
+        text = clean_text(answer)
+        if self.memory.settings.write.secrets != "off":
+            text = redact(text).text
+        if not text or len(text) > self.memory.settings.write.max_chars:
+            return None
+        return text
 
     async def _embed_now(self, record_ids: Sequence[str]) -> None:
         """Embed records whose vectors were dropped; re-embed catches up if this fails."""
@@ -435,38 +468,17 @@ class Maintenance:
         if len(facts) < self.settings.insight_min_facts:
             return []
         similarity, threshold = await self._similarities(facts, identity)
-        n = len(facts)
-        upper = np.triu_indices(n, k=1)
-        values = similarity[upper]
-        keep = values >= threshold
-        pairs = sorted(
-            zip(
-                values[keep].tolist(), upper[0][keep].tolist(), upper[1][keep].tolist(), strict=True
-            ),
-            key=lambda p: (-p[0], p[1], p[2]),
+        labels = await anyio.to_thread.run_sync(
+            _join, similarity, threshold, self.settings.insight_max_facts
         )
-        parent = list(range(n))
-        size = [1] * n
-
-        def root(i: int) -> int:
-            while parent[i] != i:
-                parent[i] = parent[parent[i]]
-                i = parent[i]
-            return i
-
-        for _, i, j in pairs:
-            a, b = root(i), root(j)
-            if a != b and size[a] + size[b] <= self.settings.insight_max_facts:
-                parent[b] = a
-                size[a] += size[b]
         members: dict[int, list[Record]] = {}
-        for i, fact in enumerate(facts):  # facts come best first: so do the members
-            members.setdefault(root(i), []).append(fact)
+        for label, fact in zip(labels, facts, strict=True):  # best first: so are the members
+            members.setdefault(label, []).append(fact)
         return [g for g in members.values() if len(g) >= self.settings.insight_min_facts]
 
     async def _similarities(
         self, facts: list[Record], identity: str | None
-    ) -> tuple[np.ndarray[Any, np.dtype[np.float32]], float]:
+    ) -> tuple[Matrix, float]:
         """Pairwise similarity of the facts and the threshold that relates two of them."""
         if identity is not None:
             vectors: list[Vector | None] = [await self.db.vectors_of(f.id, identity) for f in facts]
@@ -480,19 +492,10 @@ class Maintenance:
     async def _insight(self, group: list[Record], fingerprint: str, at: str) -> Record:
         """The insight record of a group: an LLM summary, else highlights and keywords."""
         keywords = _keywords([f.content for f in group])
-        method = "rules"
-        content = ""
-        if self.llm is not None and not self.dry_run:
-            try:
-                content = clean_text(
-                    await self.llm.complete(insight_prompt([f.content for f in group]))
-                )
-                method = self.llm.name
-            except LLMError as exc:
-                log.warning("insight by rules: %s", exc)
+        content = await self._ask(insight_prompt([f.content for f in group]))
+        method = self.llm.name if content and self.llm else "rules"
         if not content:
             content = _rule_summary(group, keywords)
-            method = "rules"
         first = group[0]
         return Record(
             id=new_id("insights"),
@@ -547,7 +550,7 @@ class Maintenance:
         purged = 0
         while old := await self.db.archived(before=before, limit=_BATCH):
             async with self.db.write() as tx:
-                purged += await tx.purge([r.id for r in old], before)
+                purged += await tx.purge([r.id for r in old], before, format_time(now))
             await self._renew()
         return TaskReport("purge", counts={"purged": purged})
 
@@ -571,9 +574,7 @@ async def embed_records(memory: MemoryService, record_ids: Sequence[str]) -> int
         if vectors is None:
             break
         async with memory.db.write() as tx:
-            done += await tx.set_vectors(
-                [(r.id, v) for r, v in zip(batch, vectors, strict=True)], identity
-            )
+            done += await tx.set_vectors(list(zip(batch, vectors, strict=True)), identity)
     return done
 
 
@@ -603,7 +604,35 @@ async def dry_run(
         await anyio.to_thread.run_sync(shutil.rmtree, folder)
 
 
-def _overlaps(texts: Sequence[str]) -> np.ndarray[Any, np.dtype[np.float32]]:
+def _join(similarity: Matrix, threshold: float, most: int) -> list[int]:
+    """A group label per item (off the event loop).
+
+    Pairs at or above ``threshold`` are joined most similar first, unless the
+    joined group would hold more than ``most``.
+    """
+    n = similarity.shape[0]
+    first, second = np.triu_indices(n, k=1)
+    values = similarity[first, second]
+    keep = np.flatnonzero(values >= threshold)
+    order = keep[np.lexsort((second[keep], first[keep], -values[keep]))]
+    parent = list(range(n))
+    size = [1] * n
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for k in order.tolist():
+        a, b = root(int(first[k])), root(int(second[k]))
+        if a != b and size[a] + size[b] <= most:
+            parent[b] = a
+            size[a] += size[b]
+    return [root(i) for i in range(n)]
+
+
+def _overlaps(texts: Sequence[str]) -> Matrix:
     """Pairwise word overlap (Jaccard of stems), upper triangle; off the event loop."""
     words = [frozenset(stems(t)) for t in texts]
     n = len(texts)
@@ -615,22 +644,25 @@ def _overlaps(texts: Sequence[str]) -> np.ndarray[Any, np.dtype[np.float32]]:
     return out
 
 
-async def loop(memory: MemoryService, *, tick_seconds: float = 60.0) -> None:
-    """The server's maintenance: every tick, the tasks that are due. Never raises.
+async def loop(memory: MemoryService) -> None:
+    """The server's maintenance: every ``check_seconds``, the tasks that are due. Never raises.
 
     Re-embedding is due whenever records await vectors; the other tasks every
-    ``maintenance.interval_minutes``; a failed task waits out its back-off.
+    ``interval_minutes``, and at once while a sweep has facts left; a failed task
+    waits out its back-off.
     """
-    worker = Maintenance(memory, sweep_budget=LOOP_SWEEP_BUDGET)
+    settings = memory.settings.maintenance
     await memory.embeddings.wait_settled(120)
+    worker: Maintenance | None = None
     while True:
         try:
+            worker = worker or Maintenance(memory, sweep_budget=settings.sweep_facts)
             for report in await worker.run(due_only=True):
-                if (report.counts and any(report.counts.values())) or report.error:
+                if any(report.counts.values()) or report.error:
                     log.info("maintenance %s: %s", report.task, report.describe())
         except Exception:
             log.warning("maintenance failed", exc_info=True)
-        await anyio.sleep(tick_seconds)
+        await anyio.sleep(settings.check_seconds)
 
 
 def _fingerprint(group: Sequence[Record]) -> str:
@@ -680,15 +712,17 @@ async def restore(memory: MemoryService, record_ids: Sequence[str]) -> list[Reco
     ids = list(dict.fromkeys(i.strip() for i in record_ids if i.strip()))
     if not ids:
         raise InvalidInput("no id given; pass the ids of archived records (memory-mcp archived)")
-    found = {r.id: r for r in await memory.db.get_many(ids)}
-    for record_id in ids:
-        record = found.get(record_id)
-        if record is None:
-            raise NotFound(f"no record with id {record_id!r} (purged records cannot come back)")
-        if record.archived_at is None:
-            raise InvalidInput(f"record {record_id} is not archived")
-    async with memory.db.write() as tx:
-        restored = [r for r in [await tx.restore(i) for i in ids] if r is not None]
+    at = format_time(memory.clock())
+    found: dict[str, Record] = {}
+    async with memory.db.write() as tx:  # checked inside: nothing changes on an error
+        for record_id in ids:
+            record = await tx.get(record_id)
+            if record is None:
+                raise NotFound(f"no record with id {record_id!r} (purged records cannot come back)")
+            if record.archived_at is None:
+                raise InvalidInput(f"record {record_id} is not archived")
+            found[record_id] = record
+        restored = [r for r in [await tx.restore(i, at) for i in ids] if r is not None]
     holders = [r.replaced_by for r in found.values() if r.replaced_by]
     await embed_records(memory, [*ids, *holders])
     return await memory.db.get_many([r.id for r in restored])
@@ -810,6 +844,13 @@ async def resolve_conflict(
             merged.embedder = memory.embeddings.identity
     resolution = {"new": "kept new", "old": "kept old", "both": "kept both"}.get(keep, "")
     async with memory.db.write() as tx:
+        if keep != "both":  # as the transaction sees them: the server may have moved on
+            for before in (new, old):
+                now_ = await tx.get(before.id)
+                if now_ is None or not now_.current or now_.content != before.content:
+                    raise InvalidInput(
+                        f"record {before.id} changed meanwhile; look at the conflict again"
+                    )
         if keep == "new":
             new.supersedes = list(dict.fromkeys([*old.supersedes, old.id, *new.supersedes]))
             await tx.update_merged(new, at)

@@ -628,9 +628,7 @@ class MemoryService:
                     f"the embedder stopped answering: {self.embeddings.status().reason}"
                 )
             async with self.db.write() as tx:
-                done += await tx.set_vectors(
-                    [(r.id, v) for r, v in zip(fresh, vectors, strict=True)], identity
-                )
+                done += await tx.set_vectors(list(zip(fresh, vectors, strict=True)), identity)
             if progress is not None:
                 progress(done, total)
         remaining = await self.db.count_needing_embedding(identity)

@@ -223,7 +223,7 @@ async def test_vectors_follow_reembeds_folds_and_deletes_without_touching_others
 
         async with store.write() as tx:  # re-embed: b's two vectors become three others
             assert await tx.set_vectors(
-                [(b.id, np.stack([unit(0, 0, 1), unit(1, 1, 1), unit(1, 0, 1)]))], "m"
+                [(b, np.stack([unit(0, 0, 1), unit(1, 1, 1), unit(1, 0, 1)]))], "m"
             )
         assert await index_rows() == 5
         assert abs((await store.dense_scores(unit(0, 1, 0), "m", [b.id]))[b.id] - 0.577) < 1e-3
@@ -311,7 +311,7 @@ async def test_a_copy_sees_what_another_process_writes(tmp_path: Path) -> None:
             await tx.insert(b, unit(0, 1, 0)[None, :])
         assert (await ids_near(reader, unit(0, 1, 0)))[0] == b.id
         async with writer.write() as tx:
-            await tx.set_vectors([(a.id, unit(0, 0, 1)[None, :])], "m")
+            await tx.set_vectors([(a, unit(0, 0, 1)[None, :])], "m")
         hits = await reader.nearest(unit(0, 0, 1), "m", FILTERS, 1)
         assert [h.record.id for h in hits] == [a.id] and abs(hits[0].score - 1.0) < 1e-3
         assert abs((await reader.dense_scores(unit(0, 0, 1), "m", [a.id]))[a.id] - 1.0) < 1e-3
@@ -350,7 +350,7 @@ async def test_a_transaction_sees_its_own_uncommitted_vectors(tmp_path: Path) ->
         assert await ids_near(store, unit(1, 0, 0)) == [a.id]  # the copy is loaded
         async with store.write() as tx:
             await tx.insert(b, unit(0, 1, 0)[None, :])
-            await tx.set_vectors([(a.id, unit(0, 0, 1)[None, :])], "m")
+            await tx.set_vectors([(a, unit(0, 0, 1)[None, :])], "m")
             assert [h.record.id for h in await tx.nearest(unit(0, 1, 0), "m", FILTERS, 1)] == [b.id]
             hits = await tx.nearest(unit(0, 0, 1), "m", FILTERS, 1)
             assert [h.record.id for h in hits] == [a.id] and abs(hits[0].score - 1.0) < 1e-5

@@ -206,6 +206,11 @@ CREATE TABLE maintenance (
     retry_after TEXT,
     cursor TEXT NOT NULL DEFAULT '{}'
 );
+-- Activity in a scope that its records do not show (a restore), for staleness.
+CREATE TABLE scope_activity (
+    scope_key TEXT PRIMARY KEY,
+    last_at TEXT NOT NULL
+);
 """
 
 

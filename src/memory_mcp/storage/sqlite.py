@@ -593,20 +593,30 @@ class _Transaction(_Queries):
         await self._write_vectors(table, embedder, target, target.vec_rows, blobs)
         return len(blobs)
 
-    async def set_vectors(self, items: Sequence[tuple[str, Vector]], embedder: str) -> int:
-        """Replace the vectors of records (re-embedding); returns how many were updated."""
+    async def set_vectors(self, items: Sequence[tuple[Record, Vector]], embedder: str) -> int:
+        """Replace the vectors of records (re-embedding); returns how many were updated.
+
+        A record whose text or folded texts changed since it was read (another
+        process refined or unfolded it meanwhile) is left for the next round.
+        """
         done = 0
-        for record_id, vectors in items:
-            done += await self._put_vectors(record_id, vectors, embedder)
+        for record, vectors in items:
+            unchanged = await self._fetch(
+                "SELECT 1 FROM records WHERE id = ? AND content = ? AND merged_text = ?",
+                [record.id, record.content, "\n".join(m.content for m in record.merged_from)],
+            )
+            if unchanged:
+                done += await self._put_vectors(record.id, vectors, embedder)
         return done
 
     async def fold_into(self, old: Record, new_id: str, entry: MergedEntry, at: str) -> None:
         """Retire ``old`` after its text moved into record ``new_id``'s ``merged_from``."""
         del entry  # the entry lives in the new record; the old row points at it
+        # updated_at stays: restoring the record gives it back exactly as it was.
         await self._exec(
-            "UPDATE records SET archived_at = ?, archived_reason = 'folded', replaced_by = ?, "
-            "updated_at = ? WHERE id = ?",
-            [at, new_id, at, old.id],
+            "UPDATE records SET archived_at = ?, archived_reason = 'folded', replaced_by = ? "
+            "WHERE id = ?",
+            [at, new_id, old.id],
         )
 
     async def replace(self, old: Record, new_id: str) -> None:
@@ -719,28 +729,43 @@ class _Transaction(_Queries):
             "UPDATE records SET embedder = NULL, vec_rows = 0 WHERE seq = ?", [slot.seq]
         )
 
-    async def restore(self, record_id: str) -> Record | None:
+    async def restore(self, record_id: str, at: str) -> Record | None:
         """Make an archived record current again, exactly as it was; None if not archived.
 
         A record archived by a fold also leaves the ``merged_from`` of the record
         that absorbed it (followed to the current one), whose vectors are then
-        redone without the restored text.
+        redone without the restored texts. A restore counts as activity in the
+        record's project (so staleness does not archive it again at once).
         """
         record = await self.get(record_id)
         if record is None or record.archived_at is None:
             return None
         folded = record.archived_reason == "folded" and record.replaced_by is not None
         if folded:
-            await self._unfold(record)
+            await self._unfold(record, at)
         await self._exec(
             "UPDATE records SET archived_at = NULL, archived_reason = NULL, "
             "replaced_by = CASE WHEN ? THEN NULL ELSE replaced_by END WHERE id = ?",
             [int(folded), record_id],
         )
+        await self.touch(record.scope_key, at)
         return await self.get(record_id)
 
-    async def _unfold(self, record: Record) -> None:
-        """Take a folded record's entry out of the current record that holds it."""
+    async def touch(self, scope_key: str, at: str) -> None:
+        """Note activity in a scope that leaves no trace in its records (a restore)."""
+        await self._exec(
+            "INSERT INTO scope_activity (scope_key, last_at) VALUES (?, ?) "
+            "ON CONFLICT (scope_key) DO UPDATE SET last_at = max(last_at, excluded.last_at)",
+            [scope_key, at],
+        )
+
+    async def _unfold(self, record: Record, at: str) -> None:
+        """Take a folded record's texts out of the current record that holds them.
+
+        The holder loses the entry of the record and the entries the record had
+        absorbed itself, and the folds and accesses they brought; tags and
+        importance it took over stay.
+        """
         holder_id = record.replaced_by
         seen: set[str] = set()
         while holder_id is not None and holder_id not in seen:
@@ -749,35 +774,65 @@ class _Transaction(_Queries):
             if holder is None:
                 return
             if holder.current:
-                kept = [m for m in holder.merged_from if m.id != record.id]
+                gone = {record.id, *(m.id for m in record.merged_from)}
+                kept = [m for m in holder.merged_from if m.id not in gone]
                 if len(kept) != len(holder.merged_from):
                     holder.merged_from = kept
-                    holder.fold_count = max(0, holder.fold_count - 1)
-                    await self.update_merged(holder, holder.updated_at)
+                    holder.fold_count = max(0, holder.fold_count - record.fold_count - 1)
+                    holder.access_count = max(0, holder.access_count - record.access_count)
+                    await self.update_merged(holder, at)
                     await self.drop_vectors(holder.id)
                 return
             holder_id = holder.replaced_by
 
-    async def purge(self, record_ids: Sequence[str], archived_before: str) -> int:
-        """Hard-delete archived records archived before a time; their conflicts close.
+    async def purge(self, record_ids: Sequence[str], archived_before: str, at: str) -> int:
+        """Hard-delete archived records archived before a time, with their history.
 
         The only hard delete there is (the purge task). Triggers remove the full-text
-        rows; archived records have no vectors left.
+        rows; archived records have no vectors left. The history of a purged record
+        (what it superseded) goes with it, except that of a folded record, which
+        moves to the record that absorbed it (its ``supersedes`` lists it already).
+        Open conflicts that lose a record close as ``purged``.
         """
         if not record_ids:
             return 0
-        ids = list(record_ids)
-        deleted = await self._exec(
-            f"DELETE FROM records WHERE id IN ({_marks(ids)}) AND archived_at IS NOT NULL "
-            "AND archived_at < ?",
-            [*ids, archived_before],
+        rows = await self._fetch(
+            "SELECT id, archived_reason, replaced_by FROM records "
+            f"WHERE id IN ({_marks(record_ids)}) AND archived_at IS NOT NULL AND archived_at < ?",
+            [*record_ids, archived_before],
         )
+        ids = [str(row[0]) for row in rows]
+        if not ids:
+            return 0
+        heirs = {str(i): str(r) for i, why, r in rows if why == "folded" and r is not None}
+        if heirs:  # one pass over the records: replaced_by has no index
+            cases = " ".join("WHEN ? THEN ?" for _ in heirs)
+            await self._exec(
+                f"UPDATE records SET replaced_by = CASE replaced_by {cases} END "
+                f"WHERE replaced_by IN ({_marks(heirs)}) AND archived_at IS NULL",
+                [*(x for pair in heirs.items() for x in pair), *heirs],
+            )
+        doomed = [i for i in ids if i not in heirs]
+        history: list[str] = []
+        frontier = doomed
+        while frontier:  # history of history: a chain of supersedes
+            found = await self._fetch(
+                f"SELECT id FROM records WHERE replaced_by IN ({_marks(frontier)}) "
+                "AND archived_at IS NULL",
+                frontier,
+            )
+            frontier = [str(row[0]) for row in found if str(row[0]) not in history]
+            history.extend(frontier)
+        gone = [*ids, *history]
+        deleted = 0
+        for start in range(0, len(gone), 500):
+            chunk = gone[start : start + 500]
+            deleted += await self._exec(f"DELETE FROM records WHERE id IN ({_marks(chunk)})", chunk)
         await self._exec(
             "UPDATE conflicts SET resolved_at = ?, resolution = 'purged' WHERE resolved_at IS NULL "
-            f"AND (record_id IN ({_marks(ids)}) OR other_id IN ({_marks(ids)})) "
             "AND (NOT EXISTS (SELECT 1 FROM records WHERE id = conflicts.record_id) "
             "OR NOT EXISTS (SELECT 1 FROM records WHERE id = conflicts.other_id))",
-            [archived_before, *ids, *ids],
+            [at],
         )
         return deleted
 
@@ -804,6 +859,14 @@ class _Transaction(_Queries):
             [holder, until, None if cursor is None else json.dumps(cursor), task, holder, now],
         )
         return changed > 0
+
+    async def release(self, task: str, holder: str) -> None:
+        """Give a task's lease back without recording a run."""
+        await self._exec(
+            "UPDATE maintenance SET holder = NULL, lease_until = NULL "
+            "WHERE task = ? AND holder = ?",
+            [task, holder],
+        )
 
     async def finish(self, state: TaskState, holder: str) -> bool:
         """Record a run of a task and give its lease back; False if the lease was lost."""
@@ -1107,7 +1170,7 @@ class SqliteStore:
         return [_record(row) for row in rows]
 
     async def project_activity(self) -> dict[str, str]:
-        """Each project scope's last activity: its newest write or access by an agent.
+        """Each project scope's last activity: its newest write, access or restore.
 
         Maintenance's own work does not count: insights are left out, and
         archiving changes neither time.
@@ -1116,7 +1179,11 @@ class SqliteStore:
             "SELECT scope_key, max(max(created_at, coalesce(last_access_at, ''))) FROM records "
             "WHERE scope = 'project' AND corpus != 'insights' GROUP BY scope_key"
         )
-        return {str(key): str(last) for key, last in rows}
+        last = {str(key): str(at) for key, at in rows}
+        for key, at in await self._queries._fetch("SELECT scope_key, last_at FROM scope_activity"):
+            if str(key) in last:
+                last[str(key)] = max(last[str(key)], str(at))
+        return last
 
     async def unused_facts(self, scope_key: str, created_before: str, limit: int) -> list[Record]:
         """Current facts of a scope never returned by a search, older than a time, not pinned."""
@@ -1255,6 +1322,10 @@ class SqliteStore:
             if p.exists()
         )
         return stats
+
+    def forget_word_counts(self) -> None:
+        """Drop the cached record counts of words (the write path's rare words)."""
+        self._counts.clear()
 
     async def _document_counts(self, stems: set[str]) -> dict[str, int]:
         """How many committed records hold each stem FTS5 knows (cached a while).
