@@ -319,3 +319,21 @@ def test_maintain_dry_run_project_done_and_status(
     assert code == 0 and "archived 1 records" in out
     code, out, _ = run("search", "staging database", cwd=project)
     assert "no memories found" in out
+
+
+def test_doctor_and_backup(project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEMORY_MCP_EMBEDDER_BACKEND", "bm25")
+    run("store", "The staging database is called pigeon_stage", cwd=project)
+    code, out, _ = run("doctor", cwd=project)
+    assert code == 0 and "full-text index" in out and "PROBLEM" not in out
+    code, out, _ = run("doctor", "--json", cwd=project)
+    assert code == 0 and json.loads(out)["healthy"] is True
+    target = tmp_path / "copy.db"
+    code, out, _ = run("backup", str(target), cwd=project)
+    assert code == 0 and "backed up to" in out and target.is_file()
+    code, _, err = run("backup", str(target), cwd=project)
+    assert code == 65 and "--force" in err
+    monkeypatch.setenv("MEMORY_MCP_DATA_DIR", str(tmp_path))  # the copy, as a restored store
+    target.rename(tmp_path / "memory.db")
+    code, out, _ = run("search", "staging database", cwd=project)
+    assert code == 0 and "pigeon_stage" in out

@@ -1051,6 +1051,62 @@ def project_done(
         out.print(f"{verb} {count} records of {root}")
 
 
+@app.command()
+def doctor(
+    repair: Annotated[
+        bool, typer.Option("--repair", help="Rebuild what disagrees with the records.")
+    ] = False,
+    cwd: CwdOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Check the database: SQLite's integrity, the full-text and vector indexes, conflicts."""
+    from memory_mcp.storage.doctor import diagnose
+
+    async def use(memory: MemoryService) -> Any:
+        return await diagnose(memory.db, repair=repair)
+
+    found = _with_memory(cwd, use, no_embedder=True)
+    if as_json:
+        _print_json(found.to_json())
+    else:
+        for check in found.checks:
+            state = "ok" if check.ok else ("repaired" if check.repaired else "PROBLEM")
+            out.print(f"{check.name:<28} {state}")
+            for problem in check.problems:
+                out.print(f"  {problem}")
+        if not found.healthy:
+            hint = "run memory-mcp doctor --repair" if repair is False else "restore a backup"
+            out.print(f"problems remain: {hint}")
+    if not found.healthy:
+        raise typer.Exit(74)
+
+
+@app.command()
+def backup(
+    path: Annotated[Path, typer.Argument(help="The copy's file, or a directory for it.")],
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing file.")] = False,
+    cwd: CwdOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Copy the database while servers keep writing (a consistent, owner-only copy)."""
+    from memory_mcp.storage.doctor import backup as copy
+
+    async def use(memory: MemoryService) -> Path:
+        return await copy(memory.db, path.expanduser(), force=force)
+
+    written = _with_memory(cwd, use, no_embedder=True)
+    size = written.stat().st_size
+    if as_json:
+        _print_json({"path": str(written), "bytes": size})
+    else:
+        out.print(f"backed up to {written} ({size / 1e6:.1f} MB)")
+        out.print("to restore: stop the servers, then copy it over " + str(_database(cwd)))
+
+
+def _database(cwd: Path | None) -> Path:
+    return _settings(cwd).settings.database_path()
+
+
 # Benchmarks ---------------------------------------------------------------------------
 
 

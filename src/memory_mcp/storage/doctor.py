@@ -1,0 +1,256 @@
+"""``memory-mcp doctor`` and ``backup``: check the indexes against the records, repair, copy.
+
+The records table is canonical. Everything else is derived from it and can be
+rebuilt: the FTS5 index (its ``rebuild`` command reads the records again) and
+the vectors (a current record's passage vectors live at rowids ``seq *
+MAX_PASSAGES + i`` for ``i < vec_rows`` of its embedder's vec0 table). A
+record whose vectors are missing or incomplete loses the ones it has and goes
+back to "awaiting vectors", which maintenance (or ``memory-mcp reembed``) then
+makes again; vectors that belong to no current record are deleted. Every
+vector change is logged in ``vector_changes``, so that the in-memory copies
+of other processes catch up.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import anyio
+
+from memory_mcp.errors import InvalidInput, StorageError
+from memory_mcp.records import utcnow
+from memory_mcp.storage.sqlite import SqliteStore, _log_change, _owner, _rowids
+
+
+@dataclass
+class Check:
+    """One check: what it found, and what a repair did."""
+
+    name: str
+    problems: list[str] = field(default_factory=list)
+    repaired: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "ok": self.ok,
+            "problems": self.problems,
+            "repaired": self.repaired,
+        }
+
+
+@dataclass
+class Diagnosis:
+    checks: list[Check]
+
+    @property
+    def healthy(self) -> bool:
+        """Nothing wrong, or everything wrong was repaired."""
+        return all(c.ok or c.repaired for c in self.checks)
+
+    def to_json(self) -> dict[str, object]:
+        return {"healthy": self.healthy, "checks": [c.to_json() for c in self.checks]}
+
+
+_SHOWN = 20  # problems listed per check; the count says the rest
+
+
+async def diagnose(store: SqliteStore, *, repair: bool = False) -> Diagnosis:
+    """Check the database; with ``repair``, rebuild what disagrees with the records."""
+    integrity = await _integrity(store)
+    # SQLite's own check runs FTS5's too: that part is an index to rebuild, not damage.
+    fts = [p for p in integrity.problems if "records_fts" in p]
+    integrity.problems = [p for p in integrity.problems if p not in fts]
+    checks = [integrity]
+    if not integrity.ok:
+        return Diagnosis(checks)  # a damaged file: leave it alone (restore a backup)
+    checks.append(await _full_text(store, repair, fts))
+    checks.extend(await _vectors(store, repair))
+    checks.append(await _conflicts(store, repair))
+    return Diagnosis(checks)
+
+
+async def _integrity(store: SqliteStore) -> Check:
+    """SQLite's own check, on a connection of its own.
+
+    (A long-lived connection may hold FTS5 structure cached from before another
+    connection rebuilt the index, and report it as malformed.)
+    """
+
+    def run() -> list[str]:
+        conn = store.driver.connect(str(store.path), busy_timeout_ms=15000)
+        try:
+            return [str(r[0]) for r in conn.execute("PRAGMA integrity_check").fetchall()]
+        finally:
+            conn.close()
+
+    found = await anyio.to_thread.run_sync(run)
+    check = Check("sqlite integrity")
+    if found != ["ok"]:
+        check.problems = found[:_SHOWN]
+    return check
+
+
+async def _full_text(store: SqliteStore, repair: bool, found: list[str]) -> Check:
+    """The FTS5 index against the records (FTS5's own check, content included)."""
+    check = Check("full-text index", problems=list(found))
+    try:
+        async with store.write() as tx:
+            await tx._exec(
+                "INSERT INTO records_fts (records_fts, rank) VALUES ('integrity-check', 1)"
+            )
+    except Exception as exc:
+        if not check.problems:
+            check.problems.append(f"the full-text index disagrees with the records ({exc})")
+    if check.problems and repair:
+        async with store.write() as tx:
+            await tx._exec("INSERT INTO records_fts (records_fts) VALUES ('rebuild')")
+        check.repaired = True
+    return check
+
+
+async def _vectors(store: SqliteStore, repair: bool) -> list[Check]:
+    """Each vector table against the records that claim vectors in it."""
+    checks = []
+    tables = await store._queries._fetch("SELECT table_name, embedder FROM vector_indexes")
+    known = {str(embedder) for _, embedder in tables}
+    claims = await store._queries._fetch(
+        "SELECT embedder, count(*) FROM records WHERE embedder IS NOT NULL GROUP BY embedder"
+    )
+    for embedder, count in claims:
+        if str(embedder) not in known:
+            check = Check(f"vectors of {embedder}")
+            check.problems.append(
+                f"{count} records claim vectors of {embedder}, which has no table"
+            )
+            if repair:
+                async with store.write() as tx:
+                    await tx._exec(
+                        "UPDATE records SET embedder = NULL, vec_rows = 0 WHERE embedder = ?",
+                        [embedder],
+                    )
+                check.repaired = True
+            checks.append(check)
+    if not store.vectors_available:
+        return checks
+    for table, embedder in tables:
+        checks.append(await _vector_table(store, str(table), str(embedder), repair))
+    return checks
+
+
+async def _vector_table(store: SqliteStore, table: str, embedder: str, repair: bool) -> Check:
+    check = Check(f"vectors of {embedder}")
+    fetch = store._queries._fetch
+    actual = {int(r[0]) for r in await fetch(f"SELECT rowid FROM {table}")}
+    expected: set[int] = set()
+    short: list[tuple[int, str]] = []  # records missing some of their vectors
+    for seq, record_id, count, live in await fetch(
+        "SELECT seq, id, vec_rows, live FROM records WHERE embedder = ?", [embedder]
+    ):
+        rowids = _rowids(int(seq), int(count))
+        if not live:
+            short.append((int(seq), str(record_id)))  # vectors on a record that is not current
+            continue
+        expected.update(rowids)
+        if not all(r in actual for r in rowids):
+            short.append((int(seq), str(record_id)))
+    orphans = sorted(actual - expected)
+    for seq, record_id in short[:_SHOWN]:
+        check.problems.append(f"record {record_id} (seq {seq}) lacks vectors it claims")
+    if len(short) > _SHOWN:
+        check.problems.append(f"... and {len(short) - _SHOWN} more records like it")
+    if orphans:
+        owners = sorted({_owner(r) for r in orphans})
+        check.problems.append(
+            f"{len(orphans)} vectors belong to no current record (seq {owners[0]}"
+            + (f" and {len(owners) - 1} more)" if len(owners) > 1 else ")")
+        )
+    if check.problems and repair:
+        held: dict[int, list[int]] = {}
+        for rowid in actual:
+            held.setdefault(_owner(rowid), []).append(rowid)
+        async with store.write() as tx:
+            for seq, _ in short:
+                mine = held.get(seq, [])
+                await tx._conn.executemany(
+                    f"DELETE FROM {table} WHERE rowid = ?", [(r,) for r in mine]
+                )
+                await tx._exec(
+                    "UPDATE records SET embedder = NULL, vec_rows = 0 WHERE seq = ?", [seq]
+                )
+                await _log_change(tx._conn, embedder, seq)
+            await tx._conn.executemany(
+                f"DELETE FROM {table} WHERE rowid = ?", [(r,) for r in orphans]
+            )
+            for seq in sorted({_owner(r) for r in orphans}):
+                await _log_change(tx._conn, embedder, seq)
+        check.repaired = True
+    return check
+
+
+async def _conflicts(store: SqliteStore, repair: bool) -> Check:
+    """Open conflicts whose records are gone."""
+    check = Check("conflicts")
+    rows = await store._queries._fetch(
+        "SELECT id FROM conflicts WHERE resolved_at IS NULL "
+        "AND (NOT EXISTS (SELECT 1 FROM records WHERE id = conflicts.record_id) "
+        "OR NOT EXISTS (SELECT 1 FROM records WHERE id = conflicts.other_id))"
+    )
+    if rows:
+        check.problems.append(f"{len(rows)} open conflicts name a record that no longer exists")
+        if repair:
+            async with store.write() as tx:
+                await tx._exec(
+                    f"UPDATE conflicts SET resolved_at = datetime('now'), resolution = 'purged' "
+                    f"WHERE id IN ({', '.join('?' * len(rows))})",
+                    [int(r[0]) for r in rows],
+                )
+            check.repaired = True
+    return check
+
+
+async def backup(store: SqliteStore, target: Path, *, force: bool = False) -> Path:
+    """A consistent copy of the database while writers go on; returns its path.
+
+    ``target`` may be a directory (the copy is named after the time). The copy
+    is readable by its owner only, is written under a temporary name and
+    renamed when complete, and must pass ``PRAGMA integrity_check``.
+
+    Raises:
+        InvalidInput: the target exists (without ``force``) or its folder does not.
+        StorageError: the copy failed its integrity check.
+    """
+    target, partial = await anyio.to_thread.run_sync(_backup_paths, target, force)
+    try:
+        await store.copy_to(partial)
+        copy = await SqliteStore.open(partial, driver=store.driver, vector_copy=False)
+        try:
+            found = await _integrity(copy)
+        finally:
+            await copy.close()
+        if not found.ok:
+            raise StorageError(f"the copy failed its integrity check: {found.problems[:3]}")
+        await anyio.to_thread.run_sync(os.replace, partial, target)
+    finally:
+        await anyio.to_thread.run_sync(partial.unlink, True)
+    return target
+
+
+def _backup_paths(target: Path, force: bool) -> tuple[Path, Path]:
+    """Where a backup goes, and the owner-only file it is written to first."""
+    if target.is_dir():
+        target = target / f"memory-{utcnow().strftime('%Y%m%dT%H%M%SZ')}.db"
+    if target.exists() and not force:
+        raise InvalidInput(f"{target} exists; pass --force to replace it")
+    if not target.parent.is_dir():
+        raise InvalidInput(f"{target.parent} is not a directory")
+    partial = target.with_name(f".{target.name}.partial")
+    partial.unlink(missing_ok=True)
+    os.close(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    return target, partial

@@ -1,0 +1,137 @@
+"""`doctor` finds indexes that disagree with the records and rebuilds them; `backup` copies."""
+
+from __future__ import annotations
+
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+
+from memory_mcp.config import Settings
+from memory_mcp.embedders.base import FakeEmbedder
+from memory_mcp.errors import InvalidInput
+from memory_mcp.service import MemoryService
+from memory_mcp.storage.doctor import backup, diagnose
+from memory_mcp.storage.sqlite import SqliteStore, _rowids
+
+pytestmark = pytest.mark.anyio
+
+WRITER = Path(__file__).parents[1] / "concurrency_worker.py"
+
+
+def problems(found: object) -> dict[str, list[str]]:
+    return {c.name: c.problems for c in found.checks if c.problems}  # type: ignore[attr-defined]
+
+
+async def test_a_healthy_store_passes(memory: MemoryService, project: Path) -> None:
+    await memory.store("The staging database is reset every Sunday", cwd=project)
+    found = await diagnose(memory.db)
+    assert found.healthy and problems(found) == {}
+    assert [c.name for c in found.checks][:2] == ["sqlite integrity", "full-text index"]
+
+
+async def test_a_full_text_index_that_lost_a_row_is_rebuilt(
+    memory: MemoryService, project: Path
+) -> None:
+    stored = await memory.store("The staging database is reset every Sunday", cwd=project)
+    async with memory.db.write() as tx:  # the index forgets the record behind its back
+        await tx._exec(
+            "INSERT INTO records_fts (records_fts, rowid, content, merged_text, tags) "
+            "SELECT 'delete', seq, content, merged_text, tags FROM records WHERE id = ?",
+            [stored.id],
+        )
+    found = await diagnose(memory.db)
+    assert not found.healthy and "full-text index" in problems(found)
+    repaired = await diagnose(memory.db, repair=True)
+    assert repaired.healthy
+    assert (await diagnose(memory.db)).healthy and problems(await diagnose(memory.db)) == {}
+    hits = await memory.db.lexical("staging sunday", _filters(stored.scope_key), 5)
+    assert [h.record.id for h in hits] == [stored.id]
+
+
+async def test_missing_and_orphan_vectors_are_repaired_and_re_embedded(
+    memory: MemoryService, project: Path
+) -> None:
+    kept = await memory.store("The staging database is reset every Sunday", cwd=project)
+    broken = await memory.store("Deploys go through GitHub Actions to Fly.io", cwd=project)
+    identity = memory.embeddings.identity
+    assert identity is not None
+    table = (await memory.db.stats()).vector_indexes[0][0]
+    async with memory.db.write() as tx:
+        seq = (await tx._fetch("SELECT seq FROM records WHERE id = ?", [broken.id]))[0][0]
+        await tx._exec(f"DELETE FROM {table} WHERE rowid = ?", [_rowids(seq, 1)[0]])
+        await tx._exec(  # a vector whose record is gone
+            f"INSERT INTO {table} (rowid, scope_key, corpus, kind, embedding) "
+            "SELECT ?, scope_key, corpus, kind, embedding FROM "
+            f"{table} WHERE rowid = ?",
+            [_rowids(9999, 1)[0], _rowids(seq - 1, 1)[0]],
+        )
+    found = await diagnose(memory.db)
+    [issues] = problems(found).values()
+    assert any(broken.id in p for p in issues) and any("belong to no current" in p for p in issues)
+    assert (await diagnose(memory.db, repair=True)).healthy
+    assert await memory.db.count_needing_embedding(identity) == 1  # waits for re-embedding
+    await memory.reembed()
+    assert problems(await diagnose(memory.db)) == {}
+    for record in (kept, broken):
+        hits = await memory.db.nearest(
+            (await memory.db.vectors_of(record.id, identity))[0],  # type: ignore[index]
+            identity,
+            _filters(record.scope_key),
+            1,
+        )
+        assert hits[0].record.id == record.id
+
+
+async def test_a_backup_taken_while_another_process_writes_is_consistent(
+    tmp_path: Path, project: Path
+) -> None:
+    database = tmp_path / "m.db"
+    async with MemoryService.open(
+        Settings(), database=database, embedder=FakeEmbedder(), wait_for_embedder=10
+    ) as memory:
+        for i in range(20):
+            await memory.store(f"Fact {i}: service {i} listens on port {8000 + i}", cwd=project)
+        writer = _start_writer(
+            database, project, [f"Note {i}: module m{i} is owned by team t{i}" for i in range(40)]
+        )
+        copy = await backup(memory.db, tmp_path)
+        _, err = writer.communicate(timeout=120)
+        assert writer.returncode == 0, err
+        assert stat.S_IMODE(copy.stat().st_mode) == 0o600
+        with pytest.raises(InvalidInput, match="exists"):
+            await backup(memory.db, copy)
+        assert await backup(memory.db, copy, force=True) == copy
+    restored = await SqliteStore.open(copy)
+    try:
+        assert (await diagnose(restored)).healthy
+        counted = sum(n for (c, _, st), n in (await restored.stats()).records.items())
+        assert 20 <= counted <= 60
+    finally:
+        await restored.close()
+    assert not [p async for p in anyio.Path(tmp_path).iterdir() if p.name.endswith(".partial")]
+
+
+def _start_writer(database: Path, project: Path, texts: list[str]) -> subprocess.Popen[str]:
+    """Another process that stores ``texts`` once it reads a line (the go signal)."""
+    writer = subprocess.Popen(
+        [sys.executable, str(WRITER), str(database), str(project), *texts],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert writer.stdout is not None and writer.stdin is not None
+    assert writer.stdout.readline().strip() == "ready"
+    writer.stdin.write("go\n")
+    writer.stdin.flush()
+    return writer
+
+
+def _filters(scope_key: str):  # type: ignore[no-untyped-def]
+    from memory_mcp.storage.base import Filters
+
+    return Filters(scope_keys=(scope_key,), corpora=("facts",))
