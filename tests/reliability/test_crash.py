@@ -1,0 +1,86 @@
+"""kill -9 in the middle of writes, and of a migration: nothing acknowledged is lost."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import go, start
+from memory_mcp.config import Settings
+from memory_mcp.embedders.base import FakeEmbedder
+from memory_mcp.service import MemoryService
+from memory_mcp.storage.doctor import diagnose
+from memory_mcp.storage.sqlite import SqliteStore
+
+pytestmark = pytest.mark.anyio
+
+ROUNDS = 8
+
+
+def integrity(database: Path) -> list[str]:
+    conn = sqlite3.connect(database)
+    try:
+        return [row[0] for row in conn.execute("PRAGMA integrity_check")]
+    finally:
+        conn.close()
+
+
+def crash_round(database: Path, project: Path, rng: random.Random) -> list[str]:
+    """Let a writer acknowledge a few writes, then kill -9 it mid-write; its acks."""
+    proc = start("crash", database, project)
+    go(proc)
+    assert proc.stdout is not None
+    acked = [proc.stdout.readline().strip() for _ in range(rng.randint(3, 30))]
+    time.sleep(rng.random() * 0.02)  # land somewhere inside the next write
+    os.kill(proc.pid, signal.SIGKILL)
+    rest, _ = proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    return acked + [line for line in rest.split() if line.startswith("f_")]
+
+
+async def test_kill_9_during_writes_loses_no_acknowledged_write(
+    tmp_path: Path, project: Path
+) -> None:
+    database = tmp_path / "memory.db"
+    async with MemoryService.open(Settings(), database=database, embedder=FakeEmbedder()):
+        pass  # the schema exists before the first worker starts
+    rng = random.Random(7)
+    acked: list[str] = []
+    for _ in range(ROUNDS):
+        acked.extend(crash_round(database, project, rng))
+    assert integrity(database) == ["ok"]
+    store = await SqliteStore.open(database)
+    try:
+        found = {r.id async for r in store.iter_records()}
+        assert set(acked) <= found, f"lost {len(set(acked) - found)} acknowledged writes"
+        diagnosis = await diagnose(store)
+        assert diagnosis.healthy and all(c.ok for c in diagnosis.checks), diagnosis.to_json()
+    finally:
+        await store.close()
+
+
+async def test_a_migration_killed_half_way_leaves_the_schema_it_had(tmp_path: Path) -> None:
+    database = tmp_path / "memory.db"
+    async with MemoryService.open(Settings(), database=database, embedder=FakeEmbedder()) as m:
+        await m.store("Kept across the crash", cwd=tmp_path)
+    proc = start("migrate", database)
+    go(proc)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "inside"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=30)
+    assert integrity(database) == ["ok"]
+    conn = sqlite3.connect(database)
+    try:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+        applied = [r[0] for r in conn.execute("SELECT name FROM schema_migrations")]
+    finally:
+        conn.close()
+    assert "half_done" not in tables and "m999_slow" not in applied  # none of it, not half
+    async with MemoryService.open(Settings(), database=database, embedder=FakeEmbedder()) as m:
+        assert [r.content async for r in m.db.iter_records()] == ["Kept across the crash"]

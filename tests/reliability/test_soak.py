@@ -1,0 +1,67 @@
+"""Eight processes storing and searching one store at once for a bounded time."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+from worker import SHARED
+
+from conftest import go, start
+from memory_mcp.config import Settings
+from memory_mcp.embedders.base import FakeEmbedder
+from memory_mcp.service import MemoryService
+from memory_mcp.storage.doctor import diagnose
+
+pytestmark = pytest.mark.anyio
+
+PROCESSES = 8
+SECONDS = 8
+
+
+def p95(values: list[float]) -> float:
+    return statistics.quantiles(values, n=20)[-1] if len(values) > 1 else 0.0
+
+
+async def test_eight_processes_lose_nothing_and_fold_shared_facts_once(
+    tmp_path: Path, project: Path
+) -> None:
+    database = tmp_path / "memory.db"
+    async with MemoryService.open(Settings(), database=database, embedder=FakeEmbedder()):
+        pass
+    procs = [start("soak", database, project, SECONDS, f"agent{i}") for i in range(PROCESSES)]
+    go(*procs)
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=SECONDS + 120)
+        assert proc.returncode == 0, err
+        results.append(json.loads(out.strip().splitlines()[-1]))
+
+    errors = [e for r in results for e in r["errors"]]
+    assert errors == [], errors[0]  # no "database is locked" (or anything) reached a caller
+    acked = [i for r in results for i in r["acked"]]
+    store_ms = [t for r in results for t in r["store_ms"]]
+    search_ms = [t for r in results for t in r["search_ms"]]
+    print(
+        f"soak: {PROCESSES} processes, {SECONDS} s, {len(store_ms)} stores "
+        f"(p95 {p95(store_ms):.1f} ms, max {max(store_ms):.1f}), {len(search_ms)} searches "
+        f"(p95 {p95(search_ms):.1f} ms), 0 errors"
+    )
+    assert len(store_ms) > PROCESSES * 5 and search_ms
+    assert max(store_ms) < Settings().storage.busy_timeout_ms  # nobody waited out the lock
+
+    async with MemoryService.open(
+        Settings(), database=database, embedder=FakeEmbedder(), wait_for_embedder=10
+    ) as memory:
+        records = {r.id: r async for r in memory.db.iter_records()}
+        assert set(acked) <= set(records), "an acknowledged write is missing"
+        current = [r for r in records.values() if r.current]
+        for wordings in SHARED:  # each shared fact ends as one canonical record
+            canonical = [r for r in current if r.content in wordings]
+            assert len(canonical) == 1, (wordings, [r.content for r in canonical])
+            held = {m.id for m in canonical[0].merged_from} | {canonical[0].id}
+            stored = {i for i in acked if records[i].content in wordings}
+            assert stored <= held  # every write of it is the canonical or folded into it
+        assert (await diagnose(memory.db)).healthy

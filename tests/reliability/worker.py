@@ -1,0 +1,130 @@
+"""A separate process for the reliability tests: a server's writes, searches, a migration.
+
+Usage: python worker.py MODE DB CWD [ARGS...]; it prints "ready", waits for a line
+on stdin (the go signal), then:
+
+- ``crash``: stores numbered facts forever, printing each acknowledged id at once
+  (the parent kills it with SIGKILL at some point);
+- ``soak SECONDS NAME``: stores shared facts (in several wordings) and facts of
+  its own, and searches, for SECONDS; prints a JSON summary (acknowledged ids,
+  errors, latencies);
+- ``migrate``: applies the migrations plus a slow extra one, printing "inside"
+  half-way (the parent kills it there).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sqlite3
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import anyio
+
+from memory_mcp.config import Settings
+from memory_mcp.embedders.base import FakeEmbedder
+from memory_mcp.service import MemoryService
+from memory_mcp.storage.driver import choose_driver
+from memory_mcp.storage.migrations import MIGRATIONS, Migration, migrate
+
+# Facts every soak process stores, each in wordings that fold into one record.
+SHARED = [
+    ["Run the linter with make lint before pushing", "Run the linter with make lint before a push"],
+    ["Use uv for installs.", "use UV for installs", "Use uv for installs"],
+    ["The API server listens on port 8080", "The API server listens on port 8080."],
+    ["Deploys go through GitHub Actions to Fly.io", "deploys go through github actions to fly.io"],
+    ["Never commit .env files", "Never commit .env files!"],
+]
+
+
+def ready() -> None:
+    print("ready", flush=True)
+    sys.stdin.readline()
+
+
+async def crash(db: str, cwd: str) -> None:
+    async with MemoryService.open(
+        Settings(), database=Path(db), embedder=FakeEmbedder(), wait_for_embedder=10
+    ) as memory:
+        ready()
+        n = int(time.time() * 1000) % 1_000_000
+        while True:
+            n += 1
+            result = await memory.store(
+                f"Crash fact {n}: module m{n} belongs to team t{n % 7}", cwd=cwd
+            )
+            print(result.id, flush=True)
+
+
+async def soak(db: str, cwd: str, seconds: str, name: str) -> None:
+    rng = random.Random(name)
+    acked: list[str] = []
+    errors: list[str] = []
+    store_ms: list[float] = []
+    search_ms: list[float] = []
+    async with MemoryService.open(
+        Settings(), database=Path(db), embedder=FakeEmbedder(), wait_for_embedder=10
+    ) as memory:
+        ready()
+        deadline = time.monotonic() + float(seconds)
+        n = 0
+        while time.monotonic() < deadline:
+            n += 1
+            roll = rng.random()
+            started = time.perf_counter()
+            try:
+                if roll < 0.4:
+                    text = rng.choice(rng.choice(SHARED))
+                    acked.append((await memory.store(text, cwd=cwd, agent=name)).id)
+                    store_ms.append((time.perf_counter() - started) * 1000)
+                elif roll < 0.7:
+                    text = f"{name} note {n}: job {n} of {name} runs at {n % 24}:00"
+                    acked.append((await memory.store(text, cwd=cwd, agent=name)).id)
+                    store_ms.append((time.perf_counter() - started) * 1000)
+                else:
+                    query = rng.choice(["lint before push", "installs", "port", "deploy", name])
+                    await memory.search(query, cwd=cwd)
+                    search_ms.append((time.perf_counter() - started) * 1000)
+            except Exception:
+                errors.append(traceback.format_exc(limit=3))
+    print(
+        json.dumps(
+            {"acked": acked, "errors": errors, "store_ms": store_ms, "search_ms": search_ms}
+        ),
+        flush=True,
+    )
+
+
+def slow_migration(conn: sqlite3.Connection) -> None:
+    conn.execute("CREATE TABLE half_done (x INTEGER)")
+    conn.execute("INSERT INTO half_done VALUES (1)")
+    print("inside", flush=True)
+    time.sleep(60)  # killed here
+    conn.execute("CREATE TABLE never_reached (x INTEGER)")
+
+
+def migrate_slowly(db: str) -> None:
+    driver = choose_driver("auto")
+    conn = driver.connect(db, busy_timeout_ms=15000)
+    ready()
+    migrate(
+        conn,
+        db_path=Path(db),
+        connect=lambda path: driver.connect(path, busy_timeout_ms=15000),
+        migrations=(*MIGRATIONS, Migration("m999_slow", slow_migration)),
+    )
+
+
+if __name__ == "__main__":
+    mode, db, *rest = sys.argv[1:]
+    if mode == "crash":
+        anyio.run(crash, db, rest[0])
+    elif mode == "soak":
+        anyio.run(soak, db, *rest[:3])
+    elif mode == "migrate":
+        migrate_slowly(db)
+    else:
+        raise SystemExit(f"unknown mode {mode}")
