@@ -70,37 +70,36 @@ def fts_query(text: str | list[str]) -> str:
 _VOWELS = frozenset("aeiou")
 
 
-def _is_consonant(word: str, i: int) -> bool:
-    ch = word[i]
-    if ch in _VOWELS:
-        return False
-    if ch == "y":
-        return i == 0 or not _is_consonant(word, i - 1)
-    return True
+def _forms(word: str) -> str:
+    """ "c" or "v" per letter: a y is a vowel after a consonant, a consonant otherwise.
+
+    One pass over the word (a recursion over a run of y's would overflow).
+    """
+    out: list[str] = []
+    for ch in word:
+        if ch in _VOWELS:
+            out.append("v")
+        elif ch == "y":
+            out.append("v" if out and out[-1] == "c" else "c")
+        else:
+            out.append("c")
+    return "".join(out)
 
 
 def _measure(stem: str) -> int:
-    forms = "".join("c" if _is_consonant(stem, i) else "v" for i in range(len(stem)))
-    return len(re.findall("vc", re.sub(r"(.)\1+", r"\1", forms)))
+    return len(re.findall("vc", re.sub(r"(.)\1+", r"\1", _forms(stem))))
 
 
 def _has_vowel(stem: str) -> bool:
-    return any(not _is_consonant(stem, i) for i in range(len(stem)))
+    return "v" in _forms(stem)
 
 
 def _double_consonant(word: str) -> bool:
-    return len(word) >= 2 and word[-1] == word[-2] and _is_consonant(word, len(word) - 1)
+    return len(word) >= 2 and word[-1] == word[-2] and _forms(word)[-1] == "c"
 
 
 def _cvc(word: str) -> bool:
-    if len(word) < 3:
-        return False
-    return (
-        _is_consonant(word, len(word) - 3)
-        and not _is_consonant(word, len(word) - 2)
-        and _is_consonant(word, len(word) - 1)
-        and word[-1] not in "wxy"
-    )
+    return len(word) >= 3 and _forms(word)[-3:] == "cvc" and word[-1] not in "wxy"
 
 
 def _replace(word: str, suffix: str, repl: str, min_measure: int) -> str | None:

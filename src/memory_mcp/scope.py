@@ -9,6 +9,7 @@ asks for it by name.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -35,13 +36,19 @@ class Scope:
         return cls("global", GLOBAL_KEY)
 
 
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
 def resolve_cwd(cwd: str | Path | None) -> Path:
     """Validate a working directory given by a caller (absolute, existing, a directory)."""
     if cwd is None or cwd == "":
         return Path(os.getcwd())
     path = Path(cwd)
-    if "\x00" in str(cwd):
-        raise InvalidInput("cwd contains a NUL character; pass an absolute directory path")
+    if "\x00" in str(cwd) or _SURROGATE.search(str(cwd)):
+        raise InvalidInput(
+            "cwd contains a NUL or an invalid (surrogate) character; pass an absolute "
+            "directory path"
+        )
     if not path.is_absolute():
         raise InvalidInput(f"cwd must be an absolute path, got {str(cwd)!r}")
     if not path.is_dir():

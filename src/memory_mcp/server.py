@@ -224,6 +224,11 @@ def _tool_errors() -> Iterator[None]:
         yield
     except MemoryMcpError as exc:
         raise ToolError(str(exc)) from exc
+    except UnicodeError as exc:  # a text the engine let through that SQLite cannot hold
+        raise ToolError(
+            "an argument holds characters that cannot be stored (lone UTF-16 surrogates); "
+            "remove them"
+        ) from exc
 
 
 def _where(cwd: str | None, roots: ListRootsResult | None) -> str | None:

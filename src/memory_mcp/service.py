@@ -44,7 +44,7 @@ from memory_mcp.scope import GLOBAL_KEY, Scope, project_scope
 from memory_mcp.search import Candidates, SearchPlan, candidates, fuse
 from memory_mcp.storage.base import Filters, StoreStats, TaskState, Vector
 from memory_mcp.storage.sqlite import SqliteStore
-from memory_mcp.write import Draft, apply, prepare
+from memory_mcp.write import Draft, apply, clean_text, prepare, without_surrogates
 
 log = logging.getLogger(__name__)
 
@@ -343,7 +343,7 @@ class MemoryService:
             raise InvalidInput("reason is empty; say why the memory no longer holds")
         if not isinstance(record_id, str) or not record_id.strip():
             raise InvalidInput("id is empty; pass the id of the memory to forget")
-        record = await self.db.get(record_id.strip())
+        record = await self.db.get(without_surrogates(record_id.strip()))
         if (
             record is not None
             and not anywhere
@@ -356,7 +356,7 @@ class MemoryService:
         if record.archived_at is not None:
             raise InvalidInput(f"record {record_id} is already archived ({record.archived_reason})")
         async with self.db.write() as tx:
-            await tx.archive(record.id, reason.strip(), format_time(self.clock()))
+            await tx.archive(record.id, clean_text(reason), format_time(self.clock()))
         archived = await self.db.get(record.id)
         assert archived is not None
         return archived
@@ -428,7 +428,7 @@ class MemoryService:
             scope_keys=self.scope_keys(scope, cwd),
             corpora=tuple(corpora),
             kinds=tuple(kinds),
-            tags=tuple(t.strip().casefold() for t in tags if t.strip()),
+            tags=tuple(without_surrogates(t).strip().casefold() for t in tags if t.strip()),
             since=_time_bound(since, "since"),
             until=_time_bound(until, "until"),
         )
@@ -710,7 +710,7 @@ def _unified_item(hit: Hit) -> UnifiedItem:
 
 
 def _query_text(query: object) -> str:
-    text = query.strip() if isinstance(query, str) else ""
+    text = without_surrogates(query).strip() if isinstance(query, str) else ""
     if not text:
         raise InvalidInput("query is empty; pass words to search for")
     return text

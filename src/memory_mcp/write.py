@@ -67,9 +67,14 @@ def new_id(corpus: Corpus) -> str:
     return f"{_ID_PREFIX[corpus]}_{''.join(reversed(chars))}"
 
 
+def without_surrogates(text: str) -> str:
+    """Lone UTF-16 surrogates (which no UTF-8 store can hold) replaced by U+FFFD."""
+    return _SURROGATE.sub("\ufffd", text)
+
+
 def clean_text(text: str) -> str:
     """NFC text without control characters, invalid surrogates or trailing space."""
-    text = _SURROGATE.sub("\ufffd", text)
+    text = without_surrogates(text)
     text = text.replace("\r\n", "\n").replace("\r", "\n")
     text = _CONTROL.sub("", unicodedata.normalize("NFC", text))
     return "\n".join(line.rstrip() for line in text.strip().split("\n"))

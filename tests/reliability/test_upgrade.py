@@ -49,6 +49,7 @@ def exported() -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
 
 
 def rows(database: Path, sql: str) -> list[tuple[Any, ...]]:
+    """Rows of a database no store has open (the stdlib's sqlite3 is another library)."""
     conn = sqlite3.connect(database)
     try:
         return conn.execute(sql).fetchall()
@@ -66,7 +67,10 @@ async def test_the_first_schema_migrates_with_every_record_and_field(tmp_path: P
     async with MemoryService.open(
         Settings(), database=database, embedder=EMBEDDER, wait_for_embedder=10
     ) as memory:
-        applied = [name for (name,) in rows(database, "SELECT name FROM schema_migrations")]
+        applied = [
+            name
+            for (name,) in await memory.db._queries._fetch("SELECT name FROM schema_migrations")
+        ]
         assert applied == [m.name for m in MIGRATIONS]
         now = {r.id: r.to_json() async for r in memory.db.iter_records()}
         assert now == old_records  # every record, every field, archived and history too
