@@ -140,15 +140,29 @@ async def test_cwd_comes_from_the_clients_roots_when_not_given(
         assert record.scope_key == str(project_root(project)), mode
 
 
-async def test_cwd_argument_wins_over_roots(
-    memory: MemoryService, project: Path, other_project: Path
+async def test_a_cwd_inside_the_roots_wins_and_one_outside_them_is_refused(
+    memory: MemoryService, project: Path, other_project: Path, tmp_path: Path
 ) -> None:
     async def roots(_context: Any) -> ListRootsResult:
         return ListRootsResult(roots=[Root(uri=project.as_uri())])  # type: ignore[arg-type]
 
+    (project / "src" / "link").symlink_to(other_project)
     async with client(memory, list_roots_callback=roots) as c:
-        stored = await call(c, "memory_store", content="Explicit cwd", cwd=str(other_project))
-    assert (await memory.get(stored["id"])).scope_key == str(project_root(other_project))
+        stored = await call(c, "memory_store", content="Explicit cwd", cwd=str(project / "src"))
+        assert (await memory.get(stored["id"])).scope_key == str(project_root(project))
+        for outside in (
+            other_project,
+            project / ".." / other_project.name,  # .. resolved
+            project / "src" / "link",  # a symlink out of the root
+            "//server/share",  # UNC-like
+        ):
+            result = await c.call_tool(
+                "memory_store", {"content": "Elsewhere", "cwd": str(outside)}
+            )
+            assert result.is_error, outside
+            text = result.content[0].text  # type: ignore[union-attr]
+            assert "outside the client's roots" in text or "not an existing directory" in text
+    assert (await memory.db.stats()).records == {("facts", "project", "current"): 1}
 
 
 async def test_without_cwd_or_roots_the_process_cwd_is_the_project(

@@ -20,6 +20,7 @@ is one transaction, nothing is half-written.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -38,6 +39,7 @@ from pydantic import BaseModel, Field
 from memory_mcp import __version__
 from memory_mcp.errors import InvalidInput, MemoryMcpError
 from memory_mcp.records import Hit, SearchResult, StoreResult
+from memory_mcp.scope import resolve_cwd
 from memory_mcp.service import MemoryService, UnifiedItem
 
 log = logging.getLogger(__name__)
@@ -185,9 +187,9 @@ def _unified(item: UnifiedItem) -> UnifiedHit:
 
 
 async def _roots_if_needed(cwd: str | None, ctx: Context) -> ListRoots | None:
-    """Ask the client for its roots only when the call names no cwd and it has roots."""
-    if cwd:
-        return None
+    """Ask the client for its roots if it has any: they give the project when the call
+    names no cwd, and confine the cwd it names."""
+    del cwd
     capabilities = ctx.client_capabilities
     if capabilities is None or capabilities.roots is None:
         return None
@@ -203,8 +205,14 @@ Query = Annotated[str, Field(description="What to look for.")]
 
 
 def working_directory(cwd: str | None, roots: ListRootsResult | None) -> str | None:
-    """The directory a call is about: ``cwd``, else the first root, else None (process cwd)."""
+    """The directory a call is about: ``cwd``, else the first root, else None (process cwd).
+
+    A client that declares roots confines ``cwd`` to them (symlinks and ``..``
+    resolved), so that a tool call cannot reach another project's memory.
+    """
     if cwd:
+        if roots is not None and roots.roots:
+            _inside_roots(cwd, roots)
         return cwd
     if roots is not None and roots.roots:
         path = root_path(str(roots.roots[0].uri))
@@ -215,6 +223,20 @@ def working_directory(cwd: str | None, roots: ListRootsResult | None) -> str | N
             )
         return str(path)
     return None
+
+
+def _inside_roots(cwd: str, roots: ListRootsResult) -> None:
+    where = os.path.realpath(resolve_cwd(cwd))
+    for root in roots.roots:
+        try:
+            top = os.path.realpath(root_path(str(root.uri)))
+        except InvalidInput:
+            continue  # not a local directory: it confines nothing here
+        if os.path.commonpath([where, top]) == top:
+            return
+    raise InvalidInput(
+        f"cwd {cwd!r} is outside the client's roots; pass a directory inside the project"
+    )
 
 
 @contextmanager

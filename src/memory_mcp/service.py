@@ -26,7 +26,7 @@ from memory_mcp import ranker
 from memory_mcp.config import LoadedSettings, Settings
 from memory_mcp.embedders.base import Embedder
 from memory_mcp.embedders.runtime import EmbedderStatus, Embeddings
-from memory_mcp.errors import EmbedderError, InvalidInput, NotFound
+from memory_mcp.errors import EmbedderError, InvalidInput, NotFound, StorageError
 from memory_mcp.passages import record_passages
 from memory_mcp.records import (
     CORPORA,
@@ -581,8 +581,14 @@ class MemoryService:
         return query_vector, found, [*warnings, *sorted(failures)]
 
     async def _count_access(self, hits: Sequence[Hit], at: datetime) -> None:
-        if hits:
+        """Count hits as accesses; a store that cannot be written (read-only, full,
+        busy) loses the count, not the search."""
+        if not hits:
+            return
+        try:
             await self.db.record_access([h.record.id for h in hits], format_time(at))
+        except StorageError as exc:
+            log.warning("search hits were not counted: %s", exc)
 
     async def reembed(
         self,

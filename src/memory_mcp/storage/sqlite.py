@@ -903,6 +903,16 @@ def _storage_error(exc: Exception) -> StorageError:
     text = str(exc)
     if "locked" in text or "busy" in text:
         return StorageError(_BUSY_HINT)
+    if "full" in text:
+        return StorageError(
+            "the disk is full (or the database reached its size limit); nothing was written. "
+            "Free some space and try again"
+        )
+    if "readonly" in text or "read-only" in text:
+        return StorageError(
+            "the database is read-only (file or folder permissions, or a read-only disk); "
+            "nothing was written. Searches still work"
+        )
     return StorageError(f"database error: {text}")
 
 
@@ -996,10 +1006,12 @@ class SqliteStore:
             try:
                 yield _Transaction(self._writer, self)
                 await self._sweep_retired(self._writer)
-            except BaseException:
+            except BaseException as exc:
                 with anyio.CancelScope(shield=True):
                     await self._writer.execute("ROLLBACK")
                 self._tables = pending
+                if isinstance(exc, ERRORS):  # a statement run outside _exec (executemany)
+                    raise _storage_error(exc) from exc
                 raise
             try:
                 with anyio.CancelScope(shield=True):
