@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
+from procs import go, start
 
-from conftest import go, start
 from memory_mcp.config import Settings
 from memory_mcp.embedders.base import FakeEmbedder
 from memory_mcp.service import MemoryService

@@ -19,7 +19,7 @@ from memory_mcp.storage.sqlite import SqliteStore, _rowids
 
 pytestmark = pytest.mark.anyio
 
-WRITER = Path(__file__).parents[1] / "concurrency_worker.py"
+WRITER = Path(__file__).parents[1] / "concurrency_worker.py"  # a second agent's server
 
 
 def problems(found: object) -> dict[str, list[str]]:

@@ -1,4 +1,4 @@
-"""Helpers for the reliability suite: worker processes released at once."""
+"""Worker processes for the reliability suite, started ready and released at once."""
 
 from __future__ import annotations
 
