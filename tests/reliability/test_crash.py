@@ -59,6 +59,7 @@ async def test_kill_9_during_writes_loses_no_acknowledged_write(
     try:
         found = {r.id async for r in store.iter_records()}
         assert set(acked) <= found, f"lost {len(set(acked) - found)} acknowledged writes"
+        print(f"crash: {ROUNDS} kill -9 rounds, {len(acked)} acknowledged writes, all present")
         diagnosis = await diagnose(store)
         assert diagnosis.healthy and all(c.ok for c in diagnosis.checks), diagnosis.to_json()
     finally:
