@@ -563,3 +563,21 @@ async def test_tools_answer_while_the_model_loads_and_say_they_are_lexical(
         await memory.reembed()
         done = await call(c, "memory_search", query="docs", cwd=str(project))
         assert done["warnings"] == []
+
+
+async def test_roots_that_are_not_here_confine_nothing(
+    memory: MemoryService, project: Path, tmp_path: Path
+) -> None:
+    """A client in a container or on another machine names roots this one lacks."""
+
+    async def roots(_context: Any) -> ListRootsResult:
+        return ListRootsResult(
+            roots=[
+                Root(uri="file://laptop/home/me/app"),  # type: ignore[arg-type]
+                Root(uri=(tmp_path / "not-here").as_uri()),  # type: ignore[arg-type]
+            ]
+        )
+
+    async with client(memory, list_roots_callback=roots) as c:
+        stored = await call(c, "memory_store", content="Explicit cwd", cwd=str(project))
+    assert (await memory.get(stored["id"])).scope_key == str(project_root(project))

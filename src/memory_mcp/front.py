@@ -23,10 +23,12 @@ the process exits when the server's output ends.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
 import os
+import re
 import select
 import signal
 import sys
@@ -159,6 +161,12 @@ class Front:
             message = json.loads(line)
         except (ValueError, RecursionError):
             message = None  # the server answers a parse error itself
+        if message is not None and _SURROGATE_ESCAPE.search(line):
+            # JSON may escape a lone UTF-16 surrogate; the server's parser drops such a
+            # message without an answer. Replace them (as stored text does) instead.
+            with contextlib.suppress(RecursionError):  # too deep to walk: as it came
+                message = _without_surrogates(message)
+                line = json.dumps(message, ensure_ascii=False).encode("utf-8") + b"\n"
         if isinstance(message, dict) and "id" in message and "method" in message:
             self._pending[_id_key(message)] = message["id"]
             method = message.get("method")
@@ -301,6 +309,21 @@ class Front:
                 }
             )
         self._pending.clear()
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _without_surrogates(value: Any) -> Any:
+    """A parsed JSON value with every lone surrogate replaced by U+FFFD."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [_without_surrogates(v) for v in value]
+    if isinstance(value, dict):
+        return {_without_surrogates(k): _without_surrogates(v) for k, v in value.items()}
+    return value
 
 
 def _lines(raw: Any, wake: int | None = None) -> Any:

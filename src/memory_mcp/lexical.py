@@ -128,8 +128,8 @@ _STEP4 = (
 
 @lru_cache(maxsize=65536)
 def stem(word: str) -> str:
-    """The Porter stem of a lower-case word."""
-    if len(word) <= 2 or not word.isalpha():
+    """The Porter stem of a lower-case word (as FTS5's porter: over 64 letters, as is)."""
+    if len(word) <= 2 or len(word) > 64 or not word.isalpha():
         return word
     # Step 1a
     if word.endswith(("sses", "ies")):

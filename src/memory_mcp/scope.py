@@ -49,10 +49,15 @@ def resolve_cwd(cwd: str | Path | None) -> Path:
             "cwd contains a NUL or an invalid (surrogate) character; pass an absolute "
             "directory path"
         )
+    shown = str(cwd) if len(str(cwd)) <= 200 else str(cwd)[:200] + "…"
     if not path.is_absolute():
-        raise InvalidInput(f"cwd must be an absolute path, got {str(cwd)!r}")
-    if not path.is_dir():
-        raise InvalidInput(f"cwd {str(cwd)!r} is not an existing directory")
+        raise InvalidInput(f"cwd must be an absolute path, got {shown!r}")
+    try:
+        exists = path.is_dir()
+    except OSError as exc:  # a name too long, a loop of links, no permission
+        raise InvalidInput(f"cwd {shown!r} cannot be used: {exc.strerror or exc}") from exc
+    if not exists:
+        raise InvalidInput(f"cwd {shown!r} is not an existing directory")
     return path
 
 

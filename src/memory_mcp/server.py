@@ -226,17 +226,26 @@ def working_directory(cwd: str | None, roots: ListRootsResult | None) -> str | N
 
 
 def _inside_roots(cwd: str, roots: ListRootsResult) -> None:
-    where = os.path.realpath(resolve_cwd(cwd))
+    """Refuse a cwd outside every root that is a directory on this machine.
+
+    Roots of another host, or paths this machine does not have (a client in a
+    container, a remote one), confine nothing: with none left, any cwd goes.
+    """
+    local = []
     for root in roots.roots:
         try:
-            top = os.path.realpath(root_path(str(root.uri)))
-        except InvalidInput:
-            continue  # not a local directory: it confines nothing here
-        if os.path.commonpath([where, top]) == top:
-            return
-    raise InvalidInput(
-        f"cwd {cwd!r} is outside the client's roots; pass a directory inside the project"
-    )
+            top = root_path(str(root.uri))
+            if top.is_dir():
+                local.append(os.path.normcase(os.path.realpath(top)))
+        except (InvalidInput, OSError):
+            continue
+    if not local:
+        return
+    where = os.path.normcase(os.path.realpath(resolve_cwd(cwd)))
+    if not any(os.path.commonpath([where, top]) == top for top in local):
+        raise InvalidInput(
+            f"cwd {cwd!r} is outside the client's roots; pass a directory inside the project"
+        )
 
 
 @contextmanager
@@ -246,7 +255,7 @@ def _tool_errors() -> Iterator[None]:
         yield
     except MemoryMcpError as exc:
         raise ToolError(str(exc)) from exc
-    except UnicodeError as exc:  # a text the engine let through that SQLite cannot hold
+    except UnicodeEncodeError as exc:  # a text the engine let through that SQLite cannot hold
         raise ToolError(
             "an argument holds characters that cannot be stored (lone UTF-16 surrogates); "
             "remove them"

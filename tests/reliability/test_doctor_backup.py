@@ -112,7 +112,7 @@ async def test_a_backup_taken_while_another_process_writes_is_consistent(
         assert 20 <= counted <= 60
     finally:
         await restored.close()
-    assert not [p async for p in anyio.Path(tmp_path).iterdir() if p.name.endswith(".partial")]
+    assert not [p async for p in anyio.Path(tmp_path).iterdir() if ".partial" in p.name]
 
 
 def _start_writer(database: Path, project: Path, texts: list[str]) -> subprocess.Popen[str]:
@@ -135,3 +135,22 @@ def _filters(scope_key: str):  # type: ignore[no-untyped-def]
     from memory_mcp.storage.base import Filters
 
     return Filters(scope_keys=(scope_key,), corpora=("facts",))
+
+
+async def test_a_backup_does_not_wait_for_an_open_write_nor_copy_it(
+    memory: MemoryService, project: Path, tmp_path: Path
+) -> None:
+    kept = await memory.store("Committed before the backup", cwd=project)
+    async with memory.db.write() as tx:  # a writer is in the middle of a transaction
+        pending = await memory.db.get(kept.id)
+        assert pending is not None
+        await tx._exec("UPDATE records SET content = 'uncommitted' WHERE id = ?", [kept.id])
+        with anyio.fail_after(30):
+            copy = await backup(memory.db, tmp_path / "during.db")
+    store = await SqliteStore.open(copy)
+    try:
+        assert [r.content async for r in store.iter_records()] == ["Committed before the backup"]
+    finally:
+        await store.close()
+    with pytest.raises(InvalidInput, match="live database"):
+        await backup(memory.db, memory.db.path, force=True)

@@ -1,6 +1,6 @@
 """What no caller may do: instruct the agent through a memory, write global by default,
 read the store through loose file modes. (The HTTP token, DNS-rebinding and bind
-rules are in tests/test_serve.py; cwd confinement to the client's roots in
+rules are in test_http_security.py; cwd confinement to the client's roots in
 tests/test_server.py; spawn files that leave the project root in tests/test_inject.py.)
 """
 

@@ -31,13 +31,18 @@ from memory_mcp.storage.driver import choose_driver
 from memory_mcp.storage.migrations import MIGRATIONS, Migration, migrate
 
 # Facts every soak process stores, each in wordings that fold into one record.
-SHARED = [
+SHARED = [  # rewordings (folded by comparison), and repeats (folded by their normal form)
     ["Run the linter with make lint before pushing", "Run the linter with make lint before a push"],
-    ["Use uv for installs.", "use UV for installs", "Use uv for installs"],
-    ["The API server listens on port 8080", "The API server listens on port 8080."],
-    ["Deploys go through GitHub Actions to Fly.io", "deploys go through github actions to fly.io"],
-    ["Never commit .env files", "Never commit .env files!"],
-]
+    ["The API server listens on port 8080", "The API server is listening on port 8080",
+     "the API server listens on port 8080."],
+    ["Deploys go through GitHub Actions to Fly.io",
+     "Deployment goes through GitHub Actions to Fly.io"],
+    ["Never commit .env files", "Never commit the .env files", "Never commit .env files!"],
+    ["Use uv for installs", "Use uv for all installs", "use UV for installs."],
+    ["Integration tests need Docker running",
+     "The integration tests need Docker to be running"],
+    ["Database migrations use Alembic", "Database migrations are done with Alembic"],
+]  # fmt: skip
 
 
 def ready() -> None:

@@ -47,6 +47,8 @@ def test_a_pending_migration_runs_after_a_backup_of_the_old_database(tmp_path: P
     ]
     backups = list(tmp_path.glob("m.db.backup-*-before-m999_test_column"))
     assert len(backups) == 1
+    assert stat.S_IMODE(backups[0].stat().st_mode) == 0o600  # as private as the database
+    assert not list(tmp_path.glob(".*partial*"))  # written whole, then renamed
     old = sqlite3.connect(backups[0])
     assert old.execute("SELECT count(*) FROM conflicts").fetchone()[0] == 1
     columns = [row[1] for row in old.execute("PRAGMA table_info(conflicts)")]

@@ -16,11 +16,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import anyio
 
 from memory_mcp.errors import InvalidInput, StorageError
-from memory_mcp.records import utcnow
+from memory_mcp.records import format_time, utcnow
+from memory_mcp.storage.driver import DATABASE_ERRORS
 from memory_mcp.storage.sqlite import SqliteStore, _log_change, _owner, _rowids
 
 
@@ -66,7 +68,8 @@ async def diagnose(store: SqliteStore, *, repair: bool = False) -> Diagnosis:
     integrity = await _integrity(store)
     # SQLite's own check runs FTS5's too: that part is an index to rebuild, not damage.
     fts = [p for p in integrity.problems if "records_fts" in p]
-    integrity.problems = [p for p in integrity.problems if p not in fts]
+    integrity.problems = [p for p in integrity.problems if p not in fts][:_SHOWN]
+    fts = fts[:_SHOWN]
     checks = [integrity]
     if not integrity.ok:
         return Diagnosis(checks)  # a damaged file: leave it alone (restore a backup)
@@ -93,7 +96,7 @@ async def _integrity(store: SqliteStore) -> Check:
     found = await anyio.to_thread.run_sync(run)
     check = Check("sqlite integrity")
     if found != ["ok"]:
-        check.problems = found[:_SHOWN]
+        check.problems = found
     return check
 
 
@@ -105,7 +108,7 @@ async def _full_text(store: SqliteStore, repair: bool, found: list[str]) -> Chec
             await tx._exec(
                 "INSERT INTO records_fts (records_fts, rank) VALUES ('integrity-check', 1)"
             )
-    except Exception as exc:
+    except DATABASE_ERRORS as exc:  # SQLITE_CORRUPT: busy, read-only, full are not this
         if not check.problems:
             check.problems.append(f"the full-text index disagrees with the records ({exc})")
     if check.problems and repair:
@@ -146,21 +149,19 @@ async def _vectors(store: SqliteStore, repair: bool) -> list[Check]:
 
 async def _vector_table(store: SqliteStore, table: str, embedder: str, repair: bool) -> Check:
     check = Check(f"vectors of {embedder}")
-    fetch = store._queries._fetch
-    actual = {int(r[0]) for r in await fetch(f"SELECT rowid FROM {table}")}
-    expected: set[int] = set()
-    short: list[tuple[int, str]] = []  # records missing some of their vectors
-    for seq, record_id, count, live in await fetch(
-        "SELECT seq, id, vec_rows, live FROM records WHERE embedder = ?", [embedder]
-    ):
-        rowids = _rowids(int(seq), int(count))
-        if not live:
-            short.append((int(seq), str(record_id)))  # vectors on a record that is not current
-            continue
-        expected.update(rowids)
-        if not all(r in actual for r in rowids):
-            short.append((int(seq), str(record_id)))
-    orphans = sorted(actual - expected)
+    reader = store._reader
+    await reader.execute("BEGIN")  # one snapshot for both reads (WAL: writers go on)
+    try:
+        actual = {int(r[0]) for r in await reader.execute_fetchall(f"SELECT rowid FROM {table}")}
+        claims = [
+            tuple(row)
+            for row in await reader.execute_fetchall(
+                "SELECT seq, id, vec_rows, live FROM records WHERE embedder = ?", [embedder]
+            )
+        ]
+    finally:
+        await reader.execute("COMMIT")
+    short, orphans = _disagreements(actual, claims)
     for seq, record_id in short[:_SHOWN]:
         check.problems.append(f"record {record_id} (seq {seq}) lacks vectors it claims")
     if len(short) > _SHOWN:
@@ -172,26 +173,64 @@ async def _vector_table(store: SqliteStore, table: str, embedder: str, repair: b
             + (f" and {len(owners) - 1} more)" if len(owners) > 1 else ")")
         )
     if check.problems and repair:
-        held: dict[int, list[int]] = {}
+        held: dict[int, set[int]] = {}
         for rowid in actual:
-            held.setdefault(_owner(rowid), []).append(rowid)
-        async with store.write() as tx:
-            for seq, _ in short:
-                mine = held.get(seq, [])
-                await tx._conn.executemany(
-                    f"DELETE FROM {table} WHERE rowid = ?", [(r,) for r in mine]
-                )
+            held.setdefault(_owner(rowid), set()).add(rowid)
+        seqs = sorted({seq for seq, _ in short} | {_owner(r) for r in orphans})
+        await _repair_vectors(store, table, embedder, seqs, held)
+        check.repaired = True
+    return check
+
+
+def _disagreements(
+    actual: set[int], claims: list[tuple[Any, ...]]
+) -> tuple[list[tuple[int, str]], list[int]]:
+    """Records missing vectors they claim, and vectors no current record claims."""
+    expected: set[int] = set()
+    short: list[tuple[int, str]] = []
+    for seq, record_id, count, live in claims:
+        rowids = _rowids(int(seq), int(count))
+        if not live:
+            short.append((int(seq), str(record_id)))  # vectors on a record that is not current
+            continue
+        expected.update(rowids)
+        if not all(r in actual for r in rowids):
+            short.append((int(seq), str(record_id)))
+    return short, sorted(actual - expected)
+
+
+async def _repair_vectors(
+    store: SqliteStore, table: str, embedder: str, seqs: list[int], held: dict[int, set[int]]
+) -> None:
+    """Repair the records found wanting, as they are now, inside one write transaction.
+
+    A server may have written since the check: each record is read again, and
+    only what still disagrees is changed (vec0 finds rows fast by rowid alone).
+    """
+    async with store.write() as tx:
+        for seq in seqs:
+            rows = await tx._fetch(
+                "SELECT seq, id, vec_rows, live, embedder FROM records WHERE seq = ?", [seq]
+            )
+            claims = [row[:4] for row in rows if row[4] == embedder]
+            vec_rows = int(claims[0][2]) if claims else 0
+            candidates = held.get(seq, set()) | set(_rowids(seq, vec_rows))
+            present = {
+                r
+                for r in candidates
+                if await tx._fetch(f"SELECT 1 FROM {table} WHERE rowid = ?", [r])
+            }
+            short, orphans = _disagreements(present, claims)
+            doomed = sorted(present) if short else orphans
+            await tx._conn.executemany(
+                f"DELETE FROM {table} WHERE rowid = ?", [(r,) for r in doomed]
+            )
+            if short:
                 await tx._exec(
                     "UPDATE records SET embedder = NULL, vec_rows = 0 WHERE seq = ?", [seq]
                 )
+            if doomed or short:
                 await _log_change(tx._conn, embedder, seq)
-            await tx._conn.executemany(
-                f"DELETE FROM {table} WHERE rowid = ?", [(r,) for r in orphans]
-            )
-            for seq in sorted({_owner(r) for r in orphans}):
-                await _log_change(tx._conn, embedder, seq)
-        check.repaired = True
-    return check
 
 
 async def _conflicts(store: SqliteStore, repair: bool) -> Check:
@@ -207,9 +246,9 @@ async def _conflicts(store: SqliteStore, repair: bool) -> Check:
         if repair:
             async with store.write() as tx:
                 await tx._exec(
-                    f"UPDATE conflicts SET resolved_at = datetime('now'), resolution = 'purged' "
+                    "UPDATE conflicts SET resolved_at = ?, resolution = 'purged' "
                     f"WHERE id IN ({', '.join('?' * len(rows))})",
-                    [int(r[0]) for r in rows],
+                    [format_time(utcnow()), *(int(r[0]) for r in rows)],
                 )
             check.repaired = True
     return check
@@ -226,7 +265,7 @@ async def backup(store: SqliteStore, target: Path, *, force: bool = False) -> Pa
         InvalidInput: the target exists (without ``force``) or its folder does not.
         StorageError: the copy failed its integrity check.
     """
-    target, partial = await anyio.to_thread.run_sync(_backup_paths, target, force)
+    target, partial = await anyio.to_thread.run_sync(_backup_paths, target, force, store.path)
     try:
         await store.copy_to(partial)
         copy = await SqliteStore.open(partial, driver=store.driver, vector_copy=False)
@@ -242,15 +281,15 @@ async def backup(store: SqliteStore, target: Path, *, force: bool = False) -> Pa
     return target
 
 
-def _backup_paths(target: Path, force: bool) -> tuple[Path, Path]:
-    """Where a backup goes, and the owner-only file it is written to first."""
+def _backup_paths(target: Path, force: bool, live: Path) -> tuple[Path, Path]:
+    """Where a backup goes, and the name it is written under until it is checked."""
     if target.is_dir():
         target = target / f"memory-{utcnow().strftime('%Y%m%dT%H%M%SZ')}.db"
+    here = os.path.realpath(live)
+    if os.path.realpath(target) in (here, f"{here}-wal", f"{here}-shm", f"{here}-journal"):
+        raise InvalidInput(f"{target} is the live database; back up to another file")
     if target.exists() and not force:
         raise InvalidInput(f"{target} exists; pass --force to replace it")
     if not target.parent.is_dir():
         raise InvalidInput(f"{target.parent} is not a directory")
-    partial = target.with_name(f".{target.name}.partial")
-    partial.unlink(missing_ok=True)
-    os.close(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-    return target, partial
+    return target, target.with_name(f".{target.name}.partial")

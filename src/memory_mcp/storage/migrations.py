@@ -16,6 +16,7 @@ embedder's table.
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -312,13 +313,24 @@ def backup_before(
 def copy_database(
     source_path: Path, target: Path, connect: Callable[[str], sqlite3.Connection]
 ) -> None:
-    """A consistent copy of a database file (SQLite's online backup; writers go on)."""
-    source = connect(str(source_path))
+    """A consistent copy of a database file (SQLite's online backup; writers go on).
+
+    Written owner-only under a temporary name and renamed when complete, so a
+    copy that exists is a whole one.
+    """
+    partial = target.with_name(f".{target.name}.partial")
+    partial.unlink(missing_ok=True)
+    os.close(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     try:
-        dest = connect(str(target))
+        source = connect(str(source_path))
         try:
-            source.backup(dest)
+            dest = connect(str(partial))
+            try:
+                source.backup(dest)
+            finally:
+                dest.close()
         finally:
-            dest.close()
+            source.close()
+        os.replace(partial, target)
     finally:
-        source.close()
+        partial.unlink(missing_ok=True)

@@ -1008,9 +1008,10 @@ class SqliteStore:
                 await self._sweep_retired(self._writer)
             except BaseException as exc:
                 with anyio.CancelScope(shield=True):
-                    await self._writer.execute("ROLLBACK")
+                    if self._writer.in_transaction:  # SQLite may have rolled back already
+                        await self._writer.execute("ROLLBACK")
                 self._tables = pending
-                if isinstance(exc, ERRORS):  # a statement run outside _exec (executemany)
+                if isinstance(exc, OPERATIONAL_ERRORS):  # from outside _exec (executemany)
                     raise _storage_error(exc) from exc
                 raise
             try:
