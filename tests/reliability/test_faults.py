@@ -50,13 +50,15 @@ async def test_a_read_only_store_refuses_writes_clearly_and_still_answers(
     assert [h.record.content for h in hits] == ["The staging database is called pigeon_stage"]
 
 
-async def test_a_broken_model_folder_falls_back_to_the_lexical_floor(
-    tmp_path: Path, project: Path
+@pytest.mark.parametrize("state", ["broken", "missing"])
+async def test_a_broken_or_missing_model_folder_falls_back_to_the_lexical_floor(
+    tmp_path: Path, project: Path, state: str
 ) -> None:
     broken = tmp_path / "model"
-    broken.mkdir()
-    (broken / "model.onnx").write_bytes(b"this is not an ONNX file")
-    (broken / "tokenizer.json").write_text("{")
+    if state == "broken":
+        broken.mkdir()
+        (broken / "model.onnx").write_bytes(b"this is not an ONNX file")
+        (broken / "tokenizer.json").write_text("{")
     settings = Settings()
     settings.embedder.model_path = str(broken)
     settings.embedder.download = False
