@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -95,3 +97,28 @@ async def real_memory(
         settings, database=tmp_path / "memory.db", embedder=real_embedder, wait_for_embedder=60
     ) as service:
         yield service
+
+
+def start_ready(argv: list[str]) -> subprocess.Popen[str]:
+    """Start ``python *argv`` (a worker script) and wait until it prints "ready"."""
+    proc = subprocess.Popen(
+        [sys.executable, *argv],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if line.strip() != "ready":
+        proc.kill()
+        raise AssertionError(f"worker did not start: {line!r} {proc.communicate()[1]}")
+    return proc
+
+
+def release(*procs: subprocess.Popen[str]) -> None:
+    """Send the go line to workers started by ``start_ready``: they begin at once."""
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()

@@ -19,6 +19,7 @@ from typing import Any
 import anyio
 import pytest
 
+from conftest import release, start_ready
 from memory_mcp import maintenance
 from memory_mcp.config import Settings
 from memory_mcp.embedders.base import FakeEmbedder
@@ -567,20 +568,6 @@ WORKER = Path(__file__).with_name("maintenance_worker.py")
 WRITER = Path(__file__).with_name("concurrency_worker.py")
 
 
-def _start(argv: list[str]) -> subprocess.Popen[str]:
-    proc = subprocess.Popen(
-        [sys.executable, *argv],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    assert line.strip() == "ready", proc.communicate(timeout=30)[1]
-    return proc
-
-
 def _finish(proc: subprocess.Popen[str]) -> Any:
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
@@ -616,7 +603,7 @@ async def test_two_processes_never_run_the_sweep_at_once_and_writers_see_no_erro
         "print(sys.stdin.read().splitlines()[-1][2:])\n"
     )
     llm = f"{sys.executable} {slow}"
-    sweepers = [_start([str(WORKER), str(database), "4", llm]) for _ in range(2)]
+    sweepers = [start_ready([str(WORKER), str(database), "4", llm]) for _ in range(2)]
     texts = [
         "The billing job runs nightly at 02:00 UTC",
         "Search indexes are rebuilt by make reindex",
@@ -629,11 +616,8 @@ async def test_two_processes_never_run_the_sweep_at_once_and_writers_see_no_erro
         "Payments use the Stripe test keys in staging",
         "Images are resized by a Lambda on upload",
     ]
-    writer = _start([str(WRITER), str(database), str(project), *texts])
-    for proc in [*sweepers, writer]:
-        assert proc.stdin is not None
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
+    writer = start_ready([str(WRITER), str(database), str(project), *texts])
+    release(*sweepers, writer)
     attempts = [_finish(p) for p in sweepers]
     written = _finish(writer)
 

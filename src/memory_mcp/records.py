@@ -90,6 +90,12 @@ def _stamp_or_none(value: object) -> str | None:
 
 
 _NORMALIZE_DROP = re.compile(r"[^\w]+", re.UNICODE)
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def without_surrogates(text: str) -> str:
+    """Lone UTF-16 surrogates (which no UTF-8 store can hold) replaced by U+FFFD."""
+    return _SURROGATE.sub("\ufffd", text)
 
 
 def normalized_text(text: str) -> str:

@@ -9,12 +9,12 @@ asks for it by name.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from memory_mcp.errors import InvalidInput
+from memory_mcp.records import without_surrogates
 
 ScopeName = Literal["project", "global"]
 GLOBAL_KEY = ""
@@ -36,15 +36,12 @@ class Scope:
         return cls("global", GLOBAL_KEY)
 
 
-_SURROGATE = re.compile(r"[\ud800-\udfff]")
-
-
 def resolve_cwd(cwd: str | Path | None) -> Path:
     """Validate a working directory given by a caller (absolute, existing, a directory)."""
     if cwd is None or cwd == "":
         return Path(os.getcwd())
     path = Path(cwd)
-    if "\x00" in str(cwd) or _SURROGATE.search(str(cwd)):
+    if "\x00" in str(cwd) or without_surrogates(str(cwd)) != str(cwd):
         raise InvalidInput(
             "cwd contains a NUL or an invalid (surrogate) character; pass an absolute "
             "directory path"

@@ -39,12 +39,13 @@ from memory_mcp.records import (
     format_time,
     parse_time,
     utcnow,
+    without_surrogates,
 )
 from memory_mcp.scope import GLOBAL_KEY, Scope, project_scope
 from memory_mcp.search import Candidates, SearchPlan, candidates, fuse
 from memory_mcp.storage.base import Filters, StoreStats, TaskState, Vector
 from memory_mcp.storage.sqlite import SqliteStore
-from memory_mcp.write import Draft, apply, clean_text, prepare, without_surrogates
+from memory_mcp.write import Draft, apply, clean_text, prepare
 
 log = logging.getLogger(__name__)
 

@@ -37,6 +37,7 @@ from memory_mcp.records import (
     StoreResult,
     content_hash,
     format_time,
+    without_surrogates,
 )
 from memory_mcp.scope import Scope
 from memory_mcp.secret_scan import redact
@@ -46,7 +47,6 @@ MAX_TAGS = 20
 MAX_TAG_CHARS = 64
 MAX_AGENT_CHARS = 64
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\u200b\u2028\u2029\ufeff]")
-_SURROGATE = re.compile(r"[\ud800-\udfff]")
 _ID_PREFIX: dict[Corpus, str] = {
     "facts": "f",
     "journal": "j",
@@ -65,11 +65,6 @@ def new_id(corpus: Corpus) -> str:
         chars.append(_CROCKFORD[value & 31])
         value >>= 5
     return f"{_ID_PREFIX[corpus]}_{''.join(reversed(chars))}"
-
-
-def without_surrogates(text: str) -> str:
-    """Lone UTF-16 surrogates (which no UTF-8 store can hold) replaced by U+FFFD."""
-    return _SURROGATE.sub("\ufffd", text)
 
 
 def clean_text(text: str) -> str:

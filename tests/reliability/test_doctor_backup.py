@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import anyio
 import pytest
 
+from conftest import release, start_ready
 from memory_mcp.config import Settings
 from memory_mcp.embedders.base import FakeEmbedder
 from memory_mcp.errors import InvalidInput
@@ -95,9 +94,9 @@ async def test_a_backup_taken_while_another_process_writes_is_consistent(
     ) as memory:
         for i in range(20):
             await memory.store(f"Fact {i}: service {i} listens on port {8000 + i}", cwd=project)
-        writer = _start_writer(
-            database, project, [f"Note {i}: module m{i} is owned by team t{i}" for i in range(40)]
-        )
+        notes = [f"Note {i}: module m{i} is owned by team t{i}" for i in range(40)]
+        writer = start_ready([str(WRITER), str(database), str(project), *notes])
+        release(writer)
         copy = await backup(memory.db, tmp_path)
         _, err = writer.communicate(timeout=120)
         assert writer.returncode == 0, err
@@ -113,22 +112,6 @@ async def test_a_backup_taken_while_another_process_writes_is_consistent(
     finally:
         await restored.close()
     assert not [p async for p in anyio.Path(tmp_path).iterdir() if ".partial" in p.name]
-
-
-def _start_writer(database: Path, project: Path, texts: list[str]) -> subprocess.Popen[str]:
-    """Another process that stores ``texts`` once it reads a line (the go signal)."""
-    writer = subprocess.Popen(
-        [sys.executable, str(WRITER), str(database), str(project), *texts],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert writer.stdout is not None and writer.stdin is not None
-    assert writer.stdout.readline().strip() == "ready"
-    writer.stdin.write("go\n")
-    writer.stdin.flush()
-    return writer
 
 
 def _filters(scope_key: str):  # type: ignore[no-untyped-def]
