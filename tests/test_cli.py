@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from conftest import MODEL_ENV, SHARED, model_path
+from conftest import MODEL_ENV, model_path
 from memory_mcp import __version__
 from memory_mcp.cli import app
 
@@ -238,11 +238,6 @@ def test_bench_retrieval_writes_a_run_file_in_the_benchmark_format(tmp_path: Pat
     scored = json.loads(out)
     assert code == 0 and scored["missing_queries"] == 1
     assert scored["metrics"]["overall"]["turn_recall@5"] == 50.0
-
-
-def test_the_shared_benchmark_data_is_beside_the_repository() -> None:
-    # CI runs with ../shared beside the clone; the README's benchmark commands use it.
-    assert (SHARED / "bench" / "fold-pairs-visible.jsonl").is_file()
 
 
 def test_bench_score_refuses_a_malformed_run_file_with_exit_65(tmp_path: Path) -> None:

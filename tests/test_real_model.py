@@ -75,8 +75,8 @@ def test_the_models_threads_sleep_when_idle(real_embedder: FastEmbedEmbedder) ->
     import onnxruntime as ort
 
     real_embedder.load()
-    session = real_embedder._impl.model.model  # fastembed's InferenceSession
-    options = session.get_session_options()
+    assert real_embedder._direct is not None  # the model runs on onnxruntime directly
+    options = real_embedder._direct.session.get_session_options()
     assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
     assert ort.SessionOptions().get_session_config_entry  # the class is the original again
     assert type(ort.SessionOptions()) is ort.capi.onnxruntime_pybind11_state.SessionOptions

@@ -535,12 +535,37 @@ class SlowToLoad(FakeEmbedder):
         assert self.release.wait(30), "the test never released the model"
 
 
-async def test_tools_answer_while_the_model_loads_and_say_they_are_lexical(
-    tmp_path: Path, project: Path
+async def test_the_first_store_and_search_wait_for_the_model_that_is_loading(
+    tmp_path: Path, project: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A session's first calls arrive before the model has loaded: they wait for it."""
     slow = SlowToLoad()
     async with (
         MemoryService.open(Settings(), database=tmp_path / "slow.db", embedder=slow) as memory,
+        client(memory) as c,
+    ):
+        waited = memory.embeddings.wait_settled
+
+        async def wait_then_load(seconds: float) -> bool:
+            slow.release.set()  # the model finishes loading only once a call waits for it
+            return await waited(seconds)
+
+        monkeypatch.setattr(memory.embeddings, "wait_settled", wait_then_load)
+        stored = await call(c, "memory_store", content="Docs live in docs/", cwd=str(project))
+        assert (await memory.get(stored["id"])).embedder == slow.name  # decided with vectors
+        found = await call(c, "memory_search", query="docs", cwd=str(project))
+        assert found["mode"] == "hybrid" and found["warnings"] == []
+        assert [r["id"] for r in found["results"]] == [stored["id"]]
+
+
+async def test_tools_answer_lexically_once_the_wait_for_the_model_runs_out(
+    tmp_path: Path, project: Path
+) -> None:
+    slow = SlowToLoad()
+    settings = Settings()
+    settings.embedder.load_wait_seconds = 0.05
+    async with (
+        MemoryService.open(settings, database=tmp_path / "slow.db", embedder=slow) as memory,
         client(memory) as c,
     ):
         tools = await c.list_tools()

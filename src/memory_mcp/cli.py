@@ -13,27 +13,24 @@ import os
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, asynccontextmanager, contextmanager, nullcontext
 from dataclasses import asdict
 from datetime import UTC, datetime
 from enum import StrEnum
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar, cast
 
 import anyio
 import typer
-from pydantic import ValidationError
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from memory_mcp import __version__
-from memory_mcp.config import LoadedSettings, describe_errors, load_settings
+from memory_mcp.config import LoadedSettings, load_settings, replaced
 from memory_mcp.errors import ConfigError, MemoryMcpError
 from memory_mcp.records import STORABLE_KINDS, Corpus, Hit, StoreResult, format_time, parse_time
 from memory_mcp.scope import project_root
 from memory_mcp.service import MemoryService, Status
+from memory_mcp.terminal import Printer, Report, progress
 
 if TYPE_CHECKING:
     from memory_mcp.inject import Agent, FileChange
@@ -51,18 +48,17 @@ app = typer.Typer(
 bench_app = typer.Typer(help="Benchmarks anyone can rerun (see the README).", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 
-out = Console(highlight=False, soft_wrap=True, markup=False)
-err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
+out = Printer()
+err = Printer(stderr=True)
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 CwdOption = Annotated[
     Path | None,
     typer.Option(help="Working directory whose project to use (default: the current one)."),
 ]
-# Seconds a CLI command waits for the embedding model to load from disk before going
-# lexical, and how long work that needs vectors (reembed, benchmarks) waits for a download.
-_EMBEDDER_WAIT = 60.0
+# How long work that needs vectors (reembed, benchmarks) waits for a model download.
 _DOWNLOAD_WAIT = 600.0
+STATES = ("current", "history", "archived")
 
 
 def main() -> None:
@@ -122,21 +118,21 @@ def _with_memory(
     use: Callable[[MemoryService], Awaitable[T]],
     *,
     database: Path | None = None,
-    wait: float = _EMBEDDER_WAIT,
     needs_vectors: bool = False,
-    no_embedder: bool = False,
+    embeds: bool = True,
 ) -> T:
     """Run ``use`` with the service open.
 
     Args:
-        no_embedder: work that never embeds (the brief) does not load a model.
+        needs_vectors: work that is pointless without vectors (re-embedding) waits
+            for a model download too.
+        embeds: False for work that embeds nothing (the brief, status): the model
+            is looked for, not loaded, so the command answers at once.
     """
 
     async def work() -> T:
         loaded = _settings(cwd)
-        if no_embedder:
-            loaded.settings.embedder.backend = "bm25"
-        async with _open_memory(loaded, database, wait, needs_vectors) as memory:
+        async with _open_memory(loaded, database, needs_vectors, embeds=embeds) as memory:
             return await use(memory)
 
     return _run(work)
@@ -144,15 +140,16 @@ def _with_memory(
 
 @asynccontextmanager
 async def _open_memory(
-    settings: LoadedSettings, database: Path | None, wait: float, needs_vectors: bool
+    settings: LoadedSettings, database: Path | None, needs_vectors: bool, *, embeds: bool = True
 ) -> AsyncIterator[MemoryService]:
     """The service; with ``needs_vectors``, after waiting for a model download too."""
-    async with MemoryService.open(settings, database=database, wait_for_embedder=wait) as memory:
-        if needs_vectors and not memory.embeddings.ready:
+    async with MemoryService.open(settings, database=database, load_embedder=embeds) as memory:
+        if needs_vectors:
+            await memory.embeddings.settle()
             state = memory.embeddings.status()
-            if state.state == "loading":
+            if not memory.embeddings.ready and state.state == "loading":
                 err.print(f"waiting for the embedding model ({state.reason})")
-            await memory.embeddings.wait_loaded(_DOWNLOAD_WAIT)
+                await memory.embeddings.wait_loaded(_DOWNLOAD_WAIT)
         yield memory
 
 
@@ -160,31 +157,9 @@ def _print_json(data: Any) -> None:
     typer.echo(json.dumps(data, ensure_ascii=False, indent=2, default=str))
 
 
-class _Report(Protocol):
-    def __call__(self, done: int, new_total: int | None = None, phase: str | None = None) -> None:
-        """Show ``done`` of ``new_total`` (or the first total), in ``phase`` if given."""
-
-
-@contextmanager
-def _progress(description: str, total: int | None) -> Iterator[_Report]:
-    """A progress bar on stderr; yields ``report(done, total, description)``.
-
-    ``total`` may be None (unknown); a new ``description`` names the next phase.
-    """
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err,
-        transient=True,
-    ) as bar:
-        task = bar.add_task(description, total=total)
-
-        def report(done: int, new_total: int | None = None, phase: str | None = None) -> None:
-            bar.update(task, completed=done, total=new_total or total, description=phase)
-
-        yield report
+def _progress(description: str, total: int | None) -> AbstractContextManager[Report]:
+    """A progress bar on stderr (``terminal.progress``)."""
+    return progress(err, description, total)
 
 
 def _short(text: str, width: int = 100) -> str:
@@ -376,11 +351,9 @@ def serve(
     changes = {key: value for key, value in given.items() if value is not None}
     with _engine_errors():
         try:
-            loaded.settings.serve = loaded.settings.serve.model_validate(
-                {**loaded.settings.serve.model_dump(), **changes}
-            )
-        except ValidationError as exc:
-            raise ConfigError(f"bad serve option: {describe_errors(exc)}") from None
+            loaded.settings.serve = replaced(loaded.settings.serve, **changes)
+        except ConfigError as exc:
+            raise ConfigError(f"bad serve option: {exc}") from None
         announce = partial(err.print, "memory-mcp:")
         http: Transport = "sse" if transport is TransportChoice.sse else "streamable-http"
         anyio.run(partial(run_server, loaded, http, ready=announce))
@@ -398,7 +371,7 @@ def forget(
     async def use(memory: MemoryService) -> Any:
         return await memory.forget(record_id, reason=reason)
 
-    record = _with_memory(cwd, use, wait=0)
+    record = _with_memory(cwd, use, embeds=False)
     if as_json:
         _print_json(record.to_json())
     else:
@@ -430,7 +403,7 @@ def brief(
     async def use(memory: MemoryService) -> Any:
         return await build_brief(memory, cwd, budget=budget)
 
-    result = _with_memory(cwd, use, wait=0, no_embedder=True)
+    result = _with_memory(cwd, use, embeds=False)
     if hook:
         context = {"hookEventName": "SessionStart", "additionalContext": result.text}
         typer.echo(json.dumps({"hookSpecificOutput": context}, ensure_ascii=False))
@@ -488,7 +461,7 @@ def _inject(cwd: Path | None, agents: tuple[Agent, ...], imports: bool) -> list[
         brief = await build_brief(memory, root, dated=True)
         return write_blocks(root, brief.text, agents, imports=imports)
 
-    return _with_memory(cwd, use, wait=0, no_embedder=True)
+    return _with_memory(cwd, use, embeds=False)
 
 
 def _report(changes: list[FileChange], as_json: bool, root: Path) -> None:
@@ -658,7 +631,7 @@ def status(cwd: CwdOption = None, as_json: JsonOption = False) -> None:
     async def use(memory: MemoryService) -> Status:
         return await memory.status()
 
-    info = _with_memory(cwd, use)
+    info = _with_memory(cwd, use, embeds=False)
     project = str(project_root(cwd))
     if as_json:
         data = asdict(info)
@@ -681,16 +654,13 @@ def status(cwd: CwdOption = None, as_json: JsonOption = False) -> None:
     out.print(f"awaiting embed  {info.awaiting_embedding}")
     out.print(f"project         {project}")
     out.print(f"settings        {', '.join(info.settings_sources) or 'defaults'}")
-    table = Table("corpus", "scope", "current", "history", "archived", box=None)
     keys = sorted({(c, s) for c, s, _ in info.stats.records})
-    for corpus, scope in keys:
-        counts = [
-            str(info.stats.records.get((corpus, scope, st), 0))
-            for st in ("current", "history", "archived")
-        ]
-        table.add_row(corpus, scope, *counts)
-    if keys:
-        out.print(table)
+    rows = [
+        [corpus, scope] + [str(info.stats.records.get((corpus, scope, st), 0)) for st in STATES]
+        for corpus, scope in keys
+    ]
+    if rows:
+        out.table(("corpus", "scope", *STATES), rows)
     else:
         out.print("records         none yet")
     out.print(f"open conflicts  {info.stats.open_conflicts}")
@@ -703,11 +673,11 @@ def _print_tasks(info: Status) -> None:
     from memory_mcp.maintenance import TASKS
 
     now = datetime.now(UTC)
-    table = Table("task", "last run", "result", "next", box=None)
+    rows: list[list[str]] = []
     for name in TASKS:
         state = info.tasks.get(name)
         if state is None or state.last_finished_at is None:
-            table.add_row(name, "never", "", "")
+            rows.append([name, "never", "", ""])
             continue
         summary = state.last_summary
         if state.last_error:
@@ -722,9 +692,9 @@ def _print_tasks(info: Status) -> None:
         later = f"retry after {state.retry_after}" if state.retry_after else ""
         if state.holder and state.lease_until and state.lease_until > format_time(now):
             later = f"running ({state.holder})"
-        table.add_row(name, f"{age(state.last_finished_at, now)} ago", result, later)
+        rows.append([name, f"{age(state.last_finished_at, now)} ago", result, later])
     out.print("maintenance")
-    out.print(table)
+    out.table(("task", "last run", "result", "next"), rows)
 
 
 @app.command("export")
@@ -743,7 +713,7 @@ def export_cmd(
         with path.open("w", encoding="utf-8") as fh:
             return await export_jsonl(memory, fh)
 
-    summary = _with_memory(cwd, use, wait=0)
+    summary = _with_memory(cwd, use, embeds=False)
     err.print(f"exported {summary.records} records and {summary.conflicts} conflicts")
 
 
@@ -896,7 +866,7 @@ def maintain(
     chosen = [t.value for t in task] if task else list(maintenance.TASKS)
 
     async def use(memory: MemoryService) -> list[maintenance.TaskReport]:
-        with err.status("maintenance") as spinner:
+        with err.console.status("maintenance") as spinner:
 
             def say(name: str) -> None:
                 spinner.update(f"maintenance: {name}")
@@ -924,7 +894,7 @@ def conflicts(ctx: typer.Context, cwd: CwdOption = None, as_json: JsonOption = F
     from memory_mcp import maintenance
     from memory_mcp.brief import age
 
-    views = _with_memory(cwd, maintenance.open_conflicts, wait=0)
+    views = _with_memory(cwd, maintenance.open_conflicts, embeds=False)
     if as_json:
         _print_json([v.to_json() for v in views])
         return
@@ -968,7 +938,7 @@ def conflicts_resolve(
     async def use(memory: MemoryService) -> Any:
         return await maintenance.resolve_conflict(memory, conflict_id, keep.value, text)
 
-    closed, merged = _with_memory(cwd, use, wait=_EMBEDDER_WAIT if text else 0)
+    closed, merged = _with_memory(cwd, use, embeds=text is not None)
     if as_json:
         _print_json(
             {"conflict": closed.to_json(), "merged": None if merged is None else merged.to_json()}
@@ -994,7 +964,7 @@ def archived(
         keys = () if all_scopes else memory.scope_keys("all", cwd)
         return await memory.db.archived(keys, reason=reason, limit=limit)
 
-    records = _with_memory(cwd, use, wait=0)
+    records = _with_memory(cwd, use, embeds=False)
     if as_json:
         _print_json([r.to_json() for r in records])
         return
@@ -1042,7 +1012,7 @@ def project_done(
     async def use(memory: MemoryService) -> int:
         return await maintenance.archive_project(memory, cwd, dry_run=dry_run)
 
-    count = _with_memory(cwd, use, wait=0)
+    count = _with_memory(cwd, use, embeds=False)
     root = project_root(cwd)
     if as_json:
         _print_json({"project": str(root), "archived": count, "dry_run": dry_run})
@@ -1065,7 +1035,7 @@ def doctor(
     async def use(memory: MemoryService) -> Any:
         return await diagnose(memory.db, repair=repair)
 
-    found = _with_memory(cwd, use, no_embedder=True)
+    found = _with_memory(cwd, use, embeds=False)
     if as_json:
         _print_json(found.to_json())
     else:
@@ -1094,7 +1064,7 @@ def backup(
     async def use(memory: MemoryService) -> Path:
         return await copy(memory.db, path.expanduser(), force=force)
 
-    written = _with_memory(cwd, use, no_embedder=True)
+    written = _with_memory(cwd, use, embeds=False)
     size = written.stat().st_size
     if as_json:
         _print_json({"path": str(written), "bytes": size})
@@ -1122,9 +1092,7 @@ def bench_fold(
         loaded = _settings(None)
         items = read_pairs(pairs)
         with tempfile.TemporaryDirectory(prefix="memory-mcp-bench-") as tmp:
-            async with _open_memory(
-                loaded, Path(tmp) / "bench.db", _EMBEDDER_WAIT, needs_vectors=True
-            ) as memory:
+            async with _open_memory(loaded, Path(tmp) / "bench.db", needs_vectors=True) as memory:
                 with _progress("pairs", len(items)) as report:
                     return await run_fold_bench(memory, items, progress=report)
 
@@ -1139,12 +1107,12 @@ def bench_fold(
     for source, by_label in [("all", report.counts), *sorted(report.by_source.items())]:
         if source != "all" and len(report.by_source) < 2:
             continue
-        table = Table(f"label ({source})", *ACTIONS, "total", box=None)
-        for label in labels:
-            counts = by_label.get(label)
-            if counts:
-                table.add_row(label, *[str(counts[a]) for a in ACTIONS], str(sum(counts.values())))
-        out.print(table)
+        rows = [
+            [label, *[str(counts[a]) for a in ACTIONS], str(sum(counts.values()))]
+            for label in labels
+            if (counts := by_label.get(label))
+        ]
+        out.table((f"label ({source})", *ACTIONS, "total"), rows)
     precision, recall = report.fold_precision, report.fold_recall
     out.print(
         f"fold precision {precision:.3f}" if precision is not None else "fold precision n/a",
@@ -1174,9 +1142,7 @@ def bench_retrieval(
     async def work() -> Any:
         loaded = _settings(None)
         with tempfile.TemporaryDirectory(prefix="memory-mcp-bench-") as tmp:
-            async with _open_memory(
-                loaded, Path(tmp) / "bench.db", _EMBEDDER_WAIT, needs_vectors=True
-            ) as memory:
+            async with _open_memory(loaded, Path(tmp) / "bench.db", needs_vectors=True) as memory:
                 with (
                     _progress("cases", total_cases) as report,
                     run_out.open("w", encoding="utf-8") as fh,
@@ -1207,20 +1173,28 @@ def bench_launch(
     cwd: CwdOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Seconds from spawning `memory-mcp serve` (stdio) to its tools/list answer."""
+    """Seconds from spawning `memory-mcp serve` (stdio) to tools/list, and to a first search."""
     from memory_mcp.bench.launch import run_launch_bench
 
     with _engine_errors(), _progress("launches", launches) as report:
-        result = run_launch_bench(cwd or Path.cwd(), launches=launches, progress=report)
+        result = run_launch_bench(
+            cwd or Path.cwd(), launches=launches, progress=report, search=True
+        )
     if as_json:
         _print_json(result.to_json())
         return
     if result.cold is not None:
         out.print(f"first launch (no handshake cache yet): {result.cold:.3f} s")
     out.print(
-        f"{len(result.warm)} launches: median {result.median:.3f} s, "
-        f"min {min(result.warm):.3f} s, max {max(result.warm):.3f} s"
+        f"{len(result.warm)} launches: tools/list median {result.median:.3f} s "
+        f"(min {min(result.warm):.3f} s, max {max(result.warm):.3f} s; target 0.6 s)"
     )
+    search = result.search_median
+    if search is not None:
+        out.print(
+            f"first memory_search answered: median {search:.3f} s after launch "
+            f"(target: hybrid within 1 s); hybrid in {result.hybrid} of {len(result.launches)}"
+        )
 
 
 @bench_app.command("brief")
@@ -1306,7 +1280,7 @@ def bench_perf(
         _print_json({"machine": cpu_description(), **result.to_json()})
         return
     out.print(f"machine: {cpu_description()}; embedder: {result.points[0].embedder}")
-    table = Table(
+    header = (
         "memories",
         "import/s",
         "embedded/s",
@@ -1318,10 +1292,9 @@ def bench_perf(
         "brief+inject",
         "bytes/memory",
         "RSS MB",
-        box=None,
     )
-    for point in result.points:
-        table.add_row(
+    rows = [
+        [
             f"{point.memories:,}",
             f"{point.import_per_s:,.0f}",
             f"{point.import_embedded_per_s:,.0f}",
@@ -1333,8 +1306,10 @@ def bench_perf(
             f"{point.brief_inject_ms} ms",
             f"{point.bytes_per_memory:,.0f}",
             f"{point.rss_mb:,.0f}",
-        )
-    out.print(table)
+        ]
+        for point in result.points
+    ]
+    out.table(header, rows)
     if result.launch_s is not None:
         out.print(f"spawn to tools/list over stdio: median {result.launch_s:.3f} s of 10")
 

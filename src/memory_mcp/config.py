@@ -17,15 +17,17 @@ user's hands.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import sys
 import tomllib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+import msgspec
+from msgspec import Meta
 
 from memory_mcp.errors import ConfigError
 
@@ -34,361 +36,445 @@ USER_CONFIG_ENV = "MEMORY_MCP_CONFIG"
 PROJECT_CONFIG_NAME = ".memory-mcp.toml"
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+class _Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A settings table: typed keys with defaults and help strings, unknown keys refused."""
 
 
 class EmbedderSettings(_Section):
-    backend: Literal["auto", "fastembed", "openai", "bm25"] = Field(
-        "auto",
-        description=(
-            "Which embedder makes vectors. auto: the best one present (an OpenAI-compatible "
-            "endpoint if configured, else fastembed), never downgrading a store that already "
-            "holds dense vectors; bm25: lexical only, no vectors."
+    backend: Annotated[
+        Literal["auto", "fastembed", "openai", "bm25"],
+        Meta(
+            description=(
+                "Which embedder makes vectors. auto: the best one present (an OpenAI-compatible "
+                "endpoint if configured, else fastembed), never downgrading a store that already "
+                "holds dense vectors; bm25: lexical only, no vectors."
+            )
         ),
+    ] = "auto"
+    model: Annotated[str, Meta(description="fastembed model name.")] = (
+        "sentence-transformers/all-MiniLM-L6-v2"
     )
-    model: str = Field(
-        "sentence-transformers/all-MiniLM-L6-v2", description="fastembed model name."
-    )
-    model_path: str = Field(
-        "",
-        description=(
-            "Local folder holding the model's ONNX export (model.onnx, tokenizer.json, ...). "
-            "Empty: fastembed's cache, else a background download."
+    model_path: Annotated[
+        str,
+        Meta(
+            description=(
+                "Local folder holding the model's ONNX export (model.onnx, tokenizer.json, ...). "
+                "Empty: fastembed's cache, else a background download."
+            )
         ),
-    )
-    cache_dir: str = Field("", description="fastembed's model cache. Empty: fastembed's default.")
-    download: bool = Field(
-        True, description="Let fastembed download the model when it is not cached."
-    )
-    threads: int = Field(
-        0, ge=0, description="Threads for ONNX inference. 0: onnxruntime's default."
-    )
-    max_tokens: int = Field(
-        256,
-        ge=16,
-        le=8192,
-        description="Tokens per embedded window (all-MiniLM-L6-v2 was trained on 256).",
-    )
-    batch_size: int = Field(
-        4,
-        ge=1,
-        le=1024,
-        description=(
-            "Texts per embedding batch (one model run, or one HTTP request). On a CPU, "
-            "larger batches are no faster and need far more memory for long texts; an HTTP "
-            "embeddings server may prefer 32 or more."
+    ] = ""
+    cache_dir: Annotated[
+        str, Meta(description="fastembed's model cache. Empty: fastembed's default.")
+    ] = ""
+    download: Annotated[
+        bool, Meta(description="Let fastembed download the model when it is not cached.")
+    ] = True
+    threads: Annotated[
+        int, Meta(ge=0, description="Threads for ONNX inference. 0: onnxruntime's default.")
+    ] = 0
+    load_wait_seconds: Annotated[
+        float,
+        Meta(
+            ge=0,
+            le=600,
+            description=(
+                "How long a search or a store waits for the embedding model while it loads "
+                "from disk (about a second) before answering from the lexical floor. A model "
+                "that must first be downloaded is not waited for."
+            ),
         ),
-    )
-    openai_base_url: str = Field(
-        "",
-        description=(
-            "Base URL of an OpenAI-compatible embeddings API, e.g. http://127.0.0.1:11434/v1 "
-            "(ollama). Empty: not used."
+    ] = 15.0
+    max_tokens: Annotated[
+        int,
+        Meta(
+            ge=16,
+            le=8192,
+            description="Tokens per embedded window (all-MiniLM-L6-v2 was trained on 256).",
         ),
-    )
-    openai_model: str = Field("", description="Model name sent to the embeddings API.")
-    openai_api_key: str = Field(
-        "", description="Bearer key for the embeddings API (prefer the environment variable)."
-    )
-    openai_timeout: float = Field(
-        10.0, gt=0, description="Seconds before an embeddings API request fails."
-    )
+    ] = 256
+    batch_size: Annotated[
+        int,
+        Meta(
+            ge=1,
+            le=1024,
+            description=(
+                "Texts per embedding batch (one model run, or one HTTP request). On a CPU, "
+                "larger batches are no faster and need far more memory for long texts; an HTTP "
+                "embeddings server may prefer 32 or more."
+            ),
+        ),
+    ] = 4
+    openai_base_url: Annotated[
+        str,
+        Meta(
+            description=(
+                "Base URL of an OpenAI-compatible embeddings API, e.g. http://127.0.0.1:11434/v1 "
+                "(ollama). Empty: not used."
+            )
+        ),
+    ] = ""
+    openai_model: Annotated[str, Meta(description="Model name sent to the embeddings API.")] = ""
+    openai_api_key: Annotated[
+        str,
+        Meta(description="Bearer key for the embeddings API (prefer the environment variable)."),
+    ] = ""
+    openai_timeout: Annotated[
+        float, Meta(gt=0, description="Seconds before an embeddings API request fails.")
+    ] = 10.0
 
 
 class WriteSettings(_Section):
-    secrets: Literal["redact", "reject", "off"] = Field(
-        "redact",
-        description=(
-            "What to do with secrets (API keys, tokens, private keys, passwords) in stored "
-            "content: redact them, reject the write, or store as is."
+    secrets: Annotated[
+        Literal["redact", "reject", "off"],
+        Meta(
+            description=(
+                "What to do with secrets (API keys, tokens, private keys, passwords) in stored "
+                "content: redact them, reject the write, or store as is."
+            )
         ),
-    )
-    max_chars: int = Field(
-        64_000,
-        ge=100,
-        le=1_000_000,
-        description="Longest content accepted, in characters (longer writes are refused).",
-    )
+    ] = "redact"
+    max_chars: Annotated[
+        int,
+        Meta(
+            ge=100,
+            le=1_000_000,
+            description="Longest content accepted, in characters (longer writes are refused).",
+        ),
+    ] = 64_000
 
 
 class FoldSettings(_Section):
-    dense_threshold: float = Field(
-        0.75,
-        ge=0,
-        le=1,
-        description=(
-            "Cosine similarity from which a dense-embedded pair may fold when nothing "
-            "differs between them (values, negation, order)."
+    dense_threshold: Annotated[
+        float,
+        Meta(
+            ge=0,
+            le=1,
+            description=(
+                "Cosine similarity from which a dense-embedded pair may fold when nothing "
+                "differs between them (values, negation, order)."
+            ),
         ),
-    )
-    dense_subject: float = Field(
-        0.70,
-        ge=0,
-        le=1,
-        description=(
-            "Cosine similarity from which two dense-embedded facts are about the same "
-            "subject (candidates for supersede or conflict)."
+    ] = 0.75
+    dense_subject: Annotated[
+        float,
+        Meta(
+            ge=0,
+            le=1,
+            description=(
+                "Cosine similarity from which two dense-embedded facts are about the same "
+                "subject (candidates for supersede or conflict)."
+            ),
         ),
-    )
-    lexical_threshold: float = Field(
-        0.60,
-        ge=0,
-        le=1,
-        description="Word-overlap similarity from which a pair may fold without vectors.",
-    )
-    lexical_subject: float = Field(
-        0.45,
-        ge=0,
-        le=1,
-        description="Word-overlap similarity from which two facts are about the same subject.",
-    )
-    candidates: int = Field(
-        6, ge=1, le=50, description="Nearest records the new one is compared with."
-    )
+    ] = 0.70
+    lexical_threshold: Annotated[
+        float,
+        Meta(
+            ge=0,
+            le=1,
+            description="Word-overlap similarity from which a pair may fold without vectors.",
+        ),
+    ] = 0.60
+    lexical_subject: Annotated[
+        float,
+        Meta(
+            ge=0,
+            le=1,
+            description="Word-overlap similarity from which two facts are about the same subject.",
+        ),
+    ] = 0.45
+    candidates: Annotated[
+        int, Meta(ge=1, le=50, description="Nearest records the new one is compared with.")
+    ] = 6
 
 
 class SearchSettings(_Section):
-    min_relevance: float = Field(
-        0.1,
-        ge=0,
-        le=1,
-        description=(
-            "Hits less relevant than this (fused relevance, 0 to 1) are not returned, so an "
-            "unrelated memory is never padding."
+    min_relevance: Annotated[
+        float,
+        Meta(
+            ge=0,
+            le=1,
+            description=(
+                "Hits less relevant than this (fused relevance, 0 to 1) are not returned, so an "
+                "unrelated memory is never padding."
+            ),
         ),
-    )
-    candidates: int = Field(
-        60, ge=10, le=1000, description="Hits each branch (lexical, dense) contributes to fusion."
-    )
-    lexical_weight: float = Field(
-        0.2,
-        ge=0,
-        le=1,
-        description=(
-            "Weight of the lexical (BM25) branch in fused relevance; the dense branch has the "
-            "rest. Each branch alone counts fully when the other is unavailable."
+    ] = 0.1
+    candidates: Annotated[
+        int,
+        Meta(
+            ge=10, le=1000, description="Hits each branch (lexical, dense) contributes to fusion."
         ),
-    )
+    ] = 60
+    lexical_weight: Annotated[
+        float,
+        Meta(
+            ge=0,
+            le=1,
+            description=(
+                "Weight of the lexical (BM25) branch in fused relevance; the dense branch has the "
+                "rest. Each branch alone counts fully when the other is unavailable."
+            ),
+        ),
+    ] = 0.2
 
 
 class RankingSettings(_Section):
-    half_life_days: float = Field(
-        30.0,
-        gt=0,
-        description="Days after which recency counts half (pinned records never decay).",
-    )
-    durable_half_life_days: float = Field(
-        180.0,
-        gt=0,
-        description=(
-            "Half-life of decisions, preferences, procedures, gotchas, goals and plans, which "
-            "are meant to last."
+    half_life_days: Annotated[
+        float,
+        Meta(
+            gt=0, description="Days after which recency counts half (pinned records never decay)."
         ),
-    )
-    prior_weight: float = Field(
-        0.15,
-        ge=0,
-        le=1,
-        description=(
-            "Share of the final score given to the prior (importance x recency x "
-            "reinforcement) when there is a query; relevance has the rest."
+    ] = 30.0
+    durable_half_life_days: Annotated[
+        float,
+        Meta(
+            gt=0,
+            description=(
+                "Half-life of decisions, preferences, procedures, gotchas, goals and plans, which "
+                "are meant to last."
+            ),
         ),
-    )
+    ] = 180.0
+    prior_weight: Annotated[
+        float,
+        Meta(
+            ge=0,
+            le=1,
+            description=(
+                "Share of the final score given to the prior (importance x recency x "
+                "reinforcement) when there is a query; relevance has the rest."
+            ),
+        ),
+    ] = 0.15
 
 
 class StorageSettings(_Section):
-    driver: Literal["auto", "sqlite3", "sqlean", "pysqlite3"] = Field(
-        "auto",
-        description=(
-            "SQLite module: auto takes the first that can load sqlite-vec (Python's sqlite3, "
-            "then sqlean.py, then pysqlite3)."
+    driver: Annotated[
+        Literal["auto", "sqlite3", "sqlean", "pysqlite3"],
+        Meta(
+            description=(
+                "SQLite module: auto takes the first that can load sqlite-vec (Python's sqlite3, "
+                "then sqlean.py, then pysqlite3)."
+            )
         ),
-    )
-    busy_timeout_ms: int = Field(
-        15000,
-        ge=100,
-        description="How long a write waits for another process's write before failing.",
-    )
+    ] = "auto"
+    busy_timeout_ms: Annotated[
+        int,
+        Meta(
+            ge=100, description="How long a write waits for another process's write before failing."
+        ),
+    ] = 15000
 
 
 class BriefSettings(_Section):
-    budget_tokens: int = Field(
-        1200,
-        ge=100,
-        le=20000,
-        description="Token budget of the spawn brief (estimated as characters / 4).",
-    )
-    journal_entries: int = Field(
-        5, ge=0, le=50, description="Most recent journal entries the brief shows, at most."
-    )
-    line_chars: int = Field(
-        200, ge=60, le=2000, description="Characters of one memory in the brief before it is cut."
-    )
+    budget_tokens: Annotated[
+        int,
+        Meta(
+            ge=100,
+            le=20000,
+            description="Token budget of the spawn brief (estimated as characters / 4).",
+        ),
+    ] = 1200
+    journal_entries: Annotated[
+        int, Meta(ge=0, le=50, description="Most recent journal entries the brief shows, at most.")
+    ] = 5
+    line_chars: Annotated[
+        int,
+        Meta(ge=60, le=2000, description="Characters of one memory in the brief before it is cut."),
+    ] = 200
 
 
 class ServeSettings(_Section):
-    host: str = Field(
-        "127.0.0.1",
-        description="Address the HTTP transports bind. Anything but loopback needs a token.",
-    )
-    port: int = Field(8765, ge=1, le=65535, description="Port of the HTTP transports.")
-    token: str = Field(
-        "",
-        description=(
-            "Bearer token every HTTP request must carry (Authorization: Bearer ...). Required "
-            "to bind a non-loopback host; prefer the environment variable MEMORY_MCP_SERVE_TOKEN."
+    host: Annotated[
+        str,
+        Meta(description="Address the HTTP transports bind. Anything but loopback needs a token."),
+    ] = "127.0.0.1"
+    port: Annotated[int, Meta(ge=1, le=65535, description="Port of the HTTP transports.")] = 8765
+    token: Annotated[
+        str,
+        Meta(
+            description=(
+                "Bearer token every HTTP request must carry (Authorization: Bearer ...). "
+                "Required to bind a non-loopback host; prefer the environment variable "
+                "MEMORY_MCP_SERVE_TOKEN."
+            )
         ),
-    )
-    allowed_hosts: str = Field(
-        "",
-        description=(
-            "Comma-separated extra Host header values the HTTP transports accept (DNS-rebinding "
-            "protection), e.g. memory.internal:8765. Loopback names, the bound address and this "
-            "machine's name are always accepted."
+    ] = ""
+    allowed_hosts: Annotated[
+        str,
+        Meta(
+            description=(
+                "Comma-separated extra Host header values the HTTP transports accept "
+                "(DNS-rebinding protection), e.g. memory.internal:8765. Loopback names, the "
+                "bound address and this machine's name are always accepted."
+            )
         ),
-    )
+    ] = ""
 
 
 class MaintenanceSettings(_Section):
-    enabled: bool = Field(
-        True,
-        description=(
-            "Run the maintenance loop inside `memory-mcp serve` (re-embed, consolidate, "
-            "insights, staleness, purge). `memory-mcp maintain` runs it on demand either way."
+    enabled: Annotated[
+        bool,
+        Meta(
+            description=(
+                "Run the maintenance loop inside `memory-mcp serve` (re-embed, consolidate, "
+                "insights, staleness, purge). `memory-mcp maintain` runs it on demand either way."
+            )
         ),
-    )
-    interval_minutes: float = Field(
-        60.0,
-        ge=1,
-        description=(
-            "Minutes between two runs of the consolidation sweep, insights, staleness and "
-            "purge. Re-embedding runs whenever records await vectors."
+    ] = True
+    interval_minutes: Annotated[
+        float,
+        Meta(
+            ge=1,
+            description=(
+                "Minutes between two runs of the consolidation sweep, insights, staleness and "
+                "purge. Re-embedding runs whenever records await vectors."
+            ),
         ),
-    )
-    check_seconds: float = Field(
-        60.0, ge=1, description="How often the server's loop looks for a task that is due."
-    )
-    sweep_facts: int = Field(
-        1000,
-        ge=1,
-        description=(
-            "Most facts one consolidation run of the server's loop compares; the rest waits "
-            "for the next check, so a first sweep of a large store comes in slices."
+    ] = 60.0
+    check_seconds: Annotated[
+        float, Meta(ge=1, description="How often the server's loop looks for a task that is due.")
+    ] = 60.0
+    sweep_facts: Annotated[
+        int,
+        Meta(
+            ge=1,
+            description=(
+                "Most facts one consolidation run of the server's loop compares; the rest waits "
+                "for the next check, so a first sweep of a large store comes in slices."
+            ),
         ),
-    )
-    lease_seconds: int = Field(
-        600,
-        ge=30,
-        description=(
-            "How long a task's lease lasts before another process may take it over; a running "
-            "task renews it between batches."
+    ] = 1000
+    lease_seconds: Annotated[
+        int,
+        Meta(
+            ge=30,
+            description=(
+                "How long a task's lease lasts before another process may take it over; a running "
+                "task renews it between batches."
+            ),
         ),
-    )
-    retry_minutes: float = Field(
-        5.0,
-        gt=0,
-        description="First wait after a task fails (an embedder outage); it doubles each time.",
-    )
-    retry_max_minutes: float = Field(
-        360.0, gt=0, description="Longest wait between two attempts of a failing task."
-    )
-    consolidate: bool = Field(
-        True,
-        description=(
-            "Fold the duplicates the write-time fold missed, across each whole project, with "
-            "the same rules ([fold]); contradictions become conflicts."
+    ] = 600
+    retry_minutes: Annotated[
+        float,
+        Meta(
+            gt=0,
+            description="First wait after a task fails (an embedder outage); it doubles each time.",
         ),
-    )
-    insights: bool = Field(
-        True, description="Write insights: summaries of groups of related facts."
-    )
-    insight_similarity: float = Field(
-        0.6,
-        ge=0,
-        le=1,
-        description="Cosine similarity from which two facts belong to one insight's group.",
-    )
-    insight_min_facts: int = Field(3, ge=2, description="Fewest facts an insight summarizes.")
-    insight_max_facts: int = Field(12, ge=2, description="Most facts one insight summarizes.")
-    dormant_days: int = Field(
-        90,
-        description=(
-            "A project with no write or search for this many days is dormant: its facts never "
-            "returned by a search are archived (reason dormant). Negative: never."
+    ] = 5.0
+    retry_max_minutes: Annotated[
+        float, Meta(gt=0, description="Longest wait between two attempts of a failing task.")
+    ] = 360.0
+    consolidate: Annotated[
+        bool,
+        Meta(
+            description=(
+                "Fold the duplicates the write-time fold missed, across each whole project, with "
+                "the same rules ([fold]); contradictions become conflicts."
+            )
         ),
-    )
-    stale_days: int = Field(
-        30, ge=0, description="Only facts older than this many days are archived as dormant."
-    )
-    grace_days: float = Field(
-        30.0,
-        ge=0,
-        description=(
-            "Archived records are purged (deleted for good) this many days after they were "
-            "archived; until then `memory-mcp restore` brings them back."
+    ] = True
+    insights: Annotated[
+        bool, Meta(description="Write insights: summaries of groups of related facts.")
+    ] = True
+    insight_similarity: Annotated[
+        float,
+        Meta(
+            ge=0,
+            le=1,
+            description="Cosine similarity from which two facts belong to one insight's group.",
         ),
-    )
-    llm_base_url: str = Field(
-        "",
-        description=(
-            "OpenAI-compatible chat endpoint that refines the text of consolidated memories "
-            "and writes insights, e.g. http://127.0.0.1:11434/v1. Empty: not used."
+    ] = 0.6
+    insight_min_facts: Annotated[
+        int, Meta(ge=2, description="Fewest facts an insight summarizes.")
+    ] = 3
+    insight_max_facts: Annotated[
+        int, Meta(ge=2, description="Most facts one insight summarizes.")
+    ] = 12
+    dormant_days: Annotated[
+        int,
+        Meta(
+            description=(
+                "A project with no write or search for this many days is dormant: its facts never "
+                "returned by a search are archived (reason dormant). Negative: never."
+            )
         ),
-    )
-    llm_model: str = Field("", description="Model name sent to the chat endpoint.")
-    llm_api_key: str = Field(
-        "", description="Bearer key for the chat endpoint (prefer the environment variable)."
-    )
-    llm_command: str = Field(
-        "",
-        description=(
-            "Command that refines instead of an endpoint, e.g. `claude -p {prompt}` or "
-            "`codex exec {prompt}`: {prompt} becomes one argument (no shell); without it the "
-            "prompt goes to standard input. The answer is its standard output. Empty: not used."
+    ] = 90
+    stale_days: Annotated[
+        int, Meta(ge=0, description="Only facts older than this many days are archived as dormant.")
+    ] = 30
+    grace_days: Annotated[
+        float,
+        Meta(
+            ge=0,
+            description=(
+                "Archived records are purged (deleted for good) this many days after they were "
+                "archived; until then `memory-mcp restore` brings them back."
+            ),
         ),
-    )
-    llm_timeout: float = Field(
-        120.0, gt=0, description="Seconds before an LLM call is abandoned (the text stays as is)."
-    )
+    ] = 30.0
+    llm_base_url: Annotated[
+        str,
+        Meta(
+            description=(
+                "OpenAI-compatible chat endpoint that refines the text of consolidated memories "
+                "and writes insights, e.g. http://127.0.0.1:11434/v1. Empty: not used."
+            )
+        ),
+    ] = ""
+    llm_model: Annotated[str, Meta(description="Model name sent to the chat endpoint.")] = ""
+    llm_api_key: Annotated[
+        str, Meta(description="Bearer key for the chat endpoint (prefer the environment variable).")
+    ] = ""
+    llm_command: Annotated[
+        str,
+        Meta(
+            description=(
+                "Command that refines instead of an endpoint, e.g. `claude -p {prompt}` or "
+                "`codex exec {prompt}`: {prompt} becomes one argument (no shell); without it the "
+                "prompt goes to standard input. The answer is its standard output. Empty: not used."
+            )
+        ),
+    ] = ""
+    llm_timeout: Annotated[
+        float,
+        Meta(gt=0, description="Seconds before an LLM call is abandoned (the text stays as is)."),
+    ] = 120.0
 
-    @field_validator("llm_command")
-    @classmethod
-    def _splits(cls, value: str) -> str:
-        if value.strip():
+    def __post_init__(self) -> None:
+        if self.llm_command.strip():
             try:
-                if not shlex.split(value):
+                if not shlex.split(self.llm_command):
                     raise ValueError("it names no command")
             except ValueError as exc:
-                raise ValueError(f"{value!r} does not parse as a command: {exc}") from exc
-        return value
-
-    @model_validator(mode="after")
-    def _ranges(self) -> MaintenanceSettings:
+                raise ValueError(
+                    f"llm_command {self.llm_command!r} does not parse as a command: {exc}"
+                ) from exc
         if self.insight_min_facts > self.insight_max_facts:
             raise ValueError("insight_min_facts is larger than insight_max_facts")
         if self.retry_minutes > self.retry_max_minutes:
             raise ValueError("retry_minutes is larger than retry_max_minutes")
-        return self
 
 
 class Settings(_Section):
-    data_dir: str = Field(
-        "",
-        description=(
-            "Directory of the memory database (memory.db). Empty: the user data directory "
-            "(~/.local/share/memory-mcp on Linux)."
+    data_dir: Annotated[
+        str,
+        Meta(
+            description=(
+                "Directory of the memory database (memory.db). Empty: the user data directory "
+                "(~/.local/share/memory-mcp on Linux)."
+            )
         ),
-    )
-    embedder: EmbedderSettings = Field(default_factory=EmbedderSettings)  # type: ignore[arg-type]
-    write: WriteSettings = Field(default_factory=WriteSettings)  # type: ignore[arg-type]
-    fold: FoldSettings = Field(default_factory=FoldSettings)  # type: ignore[arg-type]
-    search: SearchSettings = Field(default_factory=SearchSettings)  # type: ignore[arg-type]
-    ranking: RankingSettings = Field(default_factory=RankingSettings)  # type: ignore[arg-type]
-    storage: StorageSettings = Field(default_factory=StorageSettings)  # type: ignore[arg-type]
-    brief: BriefSettings = Field(default_factory=BriefSettings)  # type: ignore[arg-type]
-    serve: ServeSettings = Field(default_factory=ServeSettings)  # type: ignore[arg-type]
-    maintenance: MaintenanceSettings = Field(default_factory=MaintenanceSettings)  # type: ignore[arg-type]
+    ] = ""
+    embedder: EmbedderSettings = msgspec.field(default_factory=EmbedderSettings)
+    write: WriteSettings = msgspec.field(default_factory=WriteSettings)
+    fold: FoldSettings = msgspec.field(default_factory=FoldSettings)
+    search: SearchSettings = msgspec.field(default_factory=SearchSettings)
+    ranking: RankingSettings = msgspec.field(default_factory=RankingSettings)
+    storage: StorageSettings = msgspec.field(default_factory=StorageSettings)
+    brief: BriefSettings = msgspec.field(default_factory=BriefSettings)
+    serve: ServeSettings = msgspec.field(default_factory=ServeSettings)
+    maintenance: MaintenanceSettings = msgspec.field(default_factory=MaintenanceSettings)
 
     def database_path(self) -> Path:
         """Where the SQLite database lives."""
@@ -421,13 +507,45 @@ class SettingInfo:
 
 def iter_settings() -> Iterator[SettingInfo]:
     """Every setting with its section, default and help string."""
-    for name, info in Settings.model_fields.items():
-        annotation = info.annotation
-        if isinstance(annotation, type) and issubclass(annotation, _Section):
-            for key, sub in annotation.model_fields.items():
-                yield SettingInfo(name, key, sub.default, sub.description or "")
+    for top in msgspec.structs.fields(Settings):
+        if isinstance(top.type, type) and issubclass(top.type, _Section):
+            for sub in msgspec.structs.fields(top.type):
+                yield SettingInfo(top.name, sub.name, sub.default, _help(sub.type))
         else:
-            yield SettingInfo("", name, info.default, info.description or "")
+            yield SettingInfo("", top.name, top.default, _help(top.type))
+
+
+def _help(annotation: Any) -> str:
+    """The description in a field's ``Annotated[..., Meta(description=...)]``."""
+    if get_origin(annotation) is Annotated:
+        for extra in get_args(annotation)[1:]:
+            if isinstance(extra, Meta) and extra.description:
+                return extra.description
+    return ""
+
+
+SectionT = TypeVar("SectionT", bound=_Section)
+
+
+def validate(kind: type[SectionT], data: Mapping[str, Any]) -> SectionT:
+    """Settings of ``kind`` from plain data (TOML values, or strings from the environment).
+
+    Raises:
+        msgspec.ValidationError: a value has the wrong type or range, or a key is unknown.
+    """
+    return msgspec.convert(data, type=kind, strict=False)
+
+
+def replaced(section: SectionT, **changes: Any) -> SectionT:
+    """A copy of ``section`` with ``changes``, validated as a whole.
+
+    Raises:
+        ConfigError: a changed value is invalid (the message names it).
+    """
+    try:
+        return validate(type(section), {**msgspec.structs.asdict(section), **changes})
+    except msgspec.ValidationError as exc:
+        raise ConfigError(describe_errors(exc)) from None
 
 
 @dataclass
@@ -504,8 +622,8 @@ def load_settings(
         sources.append("environment")
 
     try:
-        return LoadedSettings(Settings.model_validate(merged), sources)
-    except ValidationError as exc:
+        return LoadedSettings(validate(Settings, merged), sources)
+    except msgspec.ValidationError as exc:
         raise ConfigError(_describe(exc, sources)) from None
 
 
@@ -545,14 +663,17 @@ def _merge(into: dict[str, Any], layer: Mapping[str, Any]) -> None:
             into[key] = value
 
 
-def describe_errors(exc: ValidationError) -> str:
-    """A validation error as ``where: what`` phrases joined by semicolons."""
-    problems = []
-    for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"])
-        problems.append(f"{where}: {err['msg']}")
-    return "; ".join(problems)
+def describe_errors(exc: msgspec.ValidationError) -> str:
+    """A validation error as ``where: what`` (``ranking.prior_weight: Expected ...``)."""
+    message, found, where = str(exc).rpartition(" - at `$")
+    if not found:
+        return str(exc)
+    path = where.rstrip("`").lstrip(".")
+    unknown = re.fullmatch(r"Object contains unknown field `(.+)`", message)
+    if unknown:
+        return f"{path + '.' if path else ''}{unknown.group(1)}: unknown setting"
+    return f"{path}: {message}"
 
 
-def _describe(exc: ValidationError, sources: list[str]) -> str:
+def _describe(exc: msgspec.ValidationError, sources: list[str]) -> str:
     return "invalid settings (" + ", ".join(sources) + "): " + describe_errors(exc)

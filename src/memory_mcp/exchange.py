@@ -144,6 +144,7 @@ async def import_jsonl(
             for conflict in conflicts:
                 conflicts_added += int(await tx.import_conflict(conflict))
     embedded = 0
+    await memory.embeddings.settle()
     if memory.embeddings.ready and added:
         embedded = (await memory.reembed(progress=embed_progress)).embedded
     awaiting = await memory.db.count_needing_embedding(memory.embeddings.identity)

@@ -38,22 +38,13 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from memory_mcp import __version__
+from memory_mcp.dirs import cache_dir
 
 CACHE_FILE = "handshake.json"
 # The server thread's last line on the pipe: its output has ended. (The SDK keeps
 # a duplicate of the pipe's write end open, so the relay would never see EOF.)
 _END = b"\x00memory-mcp: server output ends\n"
 _FAST_FLAGS = ("--cwd", "--transport", "-t")
-
-
-def cache_dir() -> Path:
-    """The user's cache directory for memory-mcp (no settings needed to find it)."""
-    if sys.platform == "win32":
-        base = os.environ.get("LOCALAPPDATA") or str(Path.home() / "AppData" / "Local")
-        return Path(base) / "memory-mcp" / "cache"
-    if sys.platform == "darwin":
-        return Path.home() / "Library" / "Caches" / "memory-mcp"
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "memory-mcp"
 
 
 def cache_key() -> str:
@@ -95,6 +86,9 @@ def fast_serve_args(argv: list[str]) -> tuple[bool, str | None]:
 
 def main() -> None:
     """The ``memory-mcp`` command: the front for stdio ``serve``, else the full CLI."""
+    if sys.argv[1:] == ["--version"]:
+        print(__version__)
+        return
     fast, cwd = fast_serve_args(sys.argv[1:])
     if fast:
         run(cwd)
@@ -352,6 +346,22 @@ def _lines(raw: Any, wake: int | None = None) -> Any:
                 yield line + b"\n"
 
 
+def _preload_model(cwd: str | None) -> None:
+    """Start loading the embedding model before the server imports the MCP SDK.
+
+    Both take about half a second; side by side, a session's first search finds
+    the model ready sooner. Any problem is left for the server to report.
+    """
+    try:
+        from memory_mcp.config import load_settings
+        from memory_mcp.embedders.runtime import preload
+        from memory_mcp.scope import project_root
+
+        preload(load_settings(project_root=project_root(cwd)).settings.embedder)
+    except Exception:  # the server loads settings again and says what is wrong
+        return
+
+
 def _signal_wakeup() -> int | None:
     """A pipe the interpreter writes to when a signal arrives, in any thread (POSIX)."""
     if sys.platform == "win32":
@@ -377,6 +387,7 @@ def run(cwd: str | None) -> NoReturn:
     def server() -> None:
         code = 1
         try:
+            _preload_model(cwd)
             from memory_mcp.serve import serve_behind_front
 
             code = serve_behind_front(cwd, front)

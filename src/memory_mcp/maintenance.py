@@ -156,6 +156,7 @@ class Maintenance:
         unknown = [t for t in tasks if t not in TASKS]
         if unknown:
             raise InvalidInput(f"unknown task {unknown[0]!r}; use one of: {', '.join(TASKS)}")
+        await self.memory.embeddings.settle()
         reports = []
         for name in TASKS:
             if name in tasks:

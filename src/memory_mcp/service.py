@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import anyio
-import numpy as np
 
 from memory_mcp import ranker
 from memory_mcp.config import LoadedSettings, Settings
@@ -148,6 +147,7 @@ class MemoryService:
         embedder: Embedder | None = None,
         clock: Clock = utcnow,
         wait_for_embedder: float = 0.0,
+        load_embedder: bool = True,
     ) -> AsyncIterator[MemoryService]:
         """Open the store and start the embedder (loading in the background).
 
@@ -157,6 +157,8 @@ class MemoryService:
             embedder: use this embedder instead of the configured ones (tests).
             clock: the time source.
             wait_for_embedder: seconds to wait for the embedder's first load attempt.
+            load_embedder: False finds the model without loading it (work that
+                embeds nothing, such as ``status``).
         """
         sources: list[str] = []
         if isinstance(settings, LoadedSettings):
@@ -174,9 +176,9 @@ class MemoryService:
                 candidates=[embedder] if embedder is not None else None,
             )
             if store.vectors_available:
-                embeddings.start(await store.dense_embedders())
+                embeddings.start(await store.dense_embedders(), load=load_embedder)
             else:
-                embeddings.start({})
+                embeddings.start({}, load=load_embedder)
                 if embedder is None:
                     log.warning("vectors are off: %s", store.driver.note)
             if wait_for_embedder > 0:
@@ -305,7 +307,10 @@ class MemoryService:
             texts: each record's content.
             merged: each record's folded texts (their passages follow its own).
         """
-        if not texts or self.embeddings.identity is None or not self.embeddings.ready:
+        if not texts:
+            return None
+        await self.embeddings.settle()
+        if self.embeddings.identity is None or not self.embeddings.ready:
             return None
         folded = list(merged) or [[] for _ in texts]
         passages = [
@@ -315,6 +320,8 @@ class MemoryService:
         matrix = await self.embeddings.embed(flat)
         if matrix is None:
             return None
+        import numpy as np
+
         out: list[Vector] = []
         offset = 0
         for group in passages:
@@ -530,6 +537,7 @@ class MemoryService:
 
     async def _embed_query(self, text: str) -> tuple[Vector | None, str | None, list[str]]:
         """The query's vector and its embedder, or None and why on the lexical floor."""
+        await self.embeddings.settle()
         identity = self.embeddings.identity
         vector = None
         if identity is not None:
@@ -612,6 +620,7 @@ class MemoryService:
         Raises:
             EmbedderError: no dense embedder is ready.
         """
+        await self.embeddings.settle()
         identity = self.embeddings.identity
         if identity is None or not self.embeddings.ready:
             raise EmbedderError(

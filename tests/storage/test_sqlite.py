@@ -399,9 +399,9 @@ async def test_an_unknown_vec0_layout_falls_back_to_vec0_searches(
 
 
 async def test_the_change_log_is_pruned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from memory_mcp.storage import sqlite
+    from memory_mcp.storage import dense
 
-    monkeypatch.setattr(sqlite, "KEEP_CHANGES", 10)
+    monkeypatch.setattr(dense, "KEEP_CHANGES", 10)
     store = await SqliteStore.open(tmp_path / "m.db")
     try:
         async with store.write() as tx:

@@ -177,7 +177,7 @@ def export_lines(rows: Sequence[tuple[str, str, list[str]]], root: Path) -> list
     scope = project_scope(root)
     end = utcnow().timestamp()
     lines = [header_line()]
-    settings = WriteSettings.model_validate({})
+    settings = WriteSettings()
     for n, (kind, text, tags) in enumerate(rows):
         at = datetime.fromtimestamp(end - 60 * (len(rows) - n), tz=UTC)
         draft = prepare(

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from typing import Protocol
-
-import numpy as np
-import numpy.typing as npt
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 from memory_mcp.lexical import stems, words
 
-Matrix = npt.NDArray[np.float32]
+if TYPE_CHECKING:  # numpy loads with the first vector, not with the engine
+    import numpy as np
+    import numpy.typing as npt
+
+Matrix: TypeAlias = "npt.NDArray[np.float32]"
 
 
 class Embedder(Protocol):
@@ -27,6 +28,14 @@ class Embedder(Protocol):
 
     @property
     def dim(self) -> int | None: ...
+
+    def locate(self) -> str:
+        """Where it would load from (a folder, a URL), without loading; cheap.
+
+        Raises ``ModelNotLocal`` when the model is not on this machine, or
+        ``EmbedderError`` when it cannot be used as configured.
+        """
+        ...
 
     def load(self, *, download: bool = False) -> None:
         """Make the embedder ready.
@@ -43,6 +52,8 @@ class Embedder(Protocol):
 
 def normalize_rows(matrix: npt.NDArray[np.floating]) -> Matrix:
     """Scale each row to unit length (zero rows stay zero)."""
+    import numpy as np
+
     out = np.asarray(matrix, dtype=np.float32)
     norms = np.linalg.norm(out, axis=1, keepdims=True)
     norms[norms == 0] = 1.0
@@ -80,10 +91,15 @@ class FakeEmbedder:
     def dim(self) -> int:
         return self._dim
 
+    def locate(self) -> str:
+        return "built in"
+
     def load(self, *, download: bool = False) -> None:
         return None
 
     def embed(self, texts: Sequence[str]) -> Matrix:
+        import numpy as np
+
         self.calls += 1
         out = np.zeros((len(texts), self._dim), dtype=np.float32)
         for row, text in enumerate(texts):

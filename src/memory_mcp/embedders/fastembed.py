@@ -1,7 +1,11 @@
-"""Dense vectors from fastembed (ONNX on the CPU).
+"""Dense vectors from a fastembed model (ONNX on the CPU).
 
-The model comes from a configured local folder, else fastembed's cache, else
-(when allowed) a download. Inputs are cut to the model's trained window
+The model comes from a configured local folder, else the folder fastembed
+downloaded it to earlier, else fastembed's cache, else (when allowed) a
+download. A model whose folder is known and whose preprocessing ``onnx.py``
+reproduces runs directly on onnxruntime, without importing fastembed (0.7-0.9 s
+of imports); the folder fastembed resolves is remembered for the next start
+(``<cache>/models.json``). Inputs are cut to the model's trained window
 (``max_tokens``; 256 for all-MiniLM-L6-v2): the export's tokenizer allows 512,
 but the model never saw positions past 256 in training.
 """
@@ -9,24 +13,32 @@ but the model never saw positions past 256 in training.
 from __future__ import annotations
 
 import ctypes
+import json
 import logging
+import os
 import sys
 import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from memory_mcp.dirs import cache_dir
 from memory_mcp.embedders.base import Matrix, length_batches, normalize_rows
+from memory_mcp.embedders.onnx import MEAN_POOLED, OnnxModel, model_file, quiet_sessions
 from memory_mcp.errors import EmbedderError, ModelNotLocal
 
 log = logging.getLogger(__name__)
 
+FOLDERS_FILE = "models.json"
+HINT = (
+    "set embedder.model_path (MEMORY_MCP_EMBEDDER_MODEL_PATH) to the folder of the model's "
+    "ONNX export (model.onnx, tokenizer.json), or embedder.backend = 'bm25' for lexical search "
+    "only"
+)
+
 
 class FastEmbedEmbedder:
-    """A fastembed ``TextEmbedding`` behind the embedder seam."""
+    """A fastembed model behind the embedder seam."""
 
     def __init__(
         self,
@@ -46,7 +58,8 @@ class FastEmbedEmbedder:
         self.threads = threads
         self.max_tokens = max_tokens
         self.batch_size = batch_size
-        self._impl: Any = None
+        self._direct: OnnxModel | None = None
+        self._impl: Any = None  # a fastembed TextEmbedding, for models run through fastembed
         self._dim: int | None = None
         self._lock = threading.Lock()
 
@@ -58,12 +71,58 @@ class FastEmbedEmbedder:
     def dim(self) -> int | None:
         return self._dim
 
+    def locate(self) -> str:
+        """Where the model would load from, without loading it.
+
+        Raises:
+            EmbedderError: the configured folder holds no model.
+            ModelNotLocal: the model is not on this machine.
+        """
+        folder = self._folder()
+        if folder is not None:
+            return str(folder)
+        raise ModelNotLocal(self._not_local())
+
     def load(self, *, download: bool = False) -> None:
         with self._lock:
-            if self._impl is None:
-                self._impl = self._load(download=download and self.download)
+            if self._direct is not None or self._impl is not None:
+                return
+            _return_large_buffers()
+            folder = self._folder()
+            if folder is not None and self.model in MEAN_POOLED:
+                try:
+                    self._direct = OnnxModel(
+                        folder, max_tokens=self.max_tokens, threads=self.threads
+                    )
+                except Exception as exc:
+                    raise EmbedderError(f"cannot load {self.model} from {folder}: {exc}") from exc
+            else:
+                self._impl = self._load_fastembed(folder, download=download and self.download)
+            self._dim = int(self.embed(["probe"]).shape[1])
 
-    def _load(self, *, download: bool) -> Any:
+    def _folder(self) -> Path | None:
+        """The model's folder: the configured one, else where fastembed put it before."""
+        if self.model_path:
+            folder = Path(self.model_path).expanduser()
+            if model_file(folder) is None:
+                raise EmbedderError(
+                    f"embedder.model_path {folder} holds no ONNX model (model.onnx); point it "
+                    "at the folder of the model's ONNX export"
+                )
+            return folder
+        remembered = _remembered().get(self._key())
+        if remembered and model_file(Path(remembered)) is not None:
+            return Path(remembered)
+        return None
+
+    def _key(self) -> str:
+        return f"{self.model}|{os.path.abspath(self.cache_dir) if self.cache_dir else ''}"
+
+    def _not_local(self) -> str:
+        where = f" ({self.cache_dir})" if self.cache_dir else ""
+        return f"{self.model} is not on this machine (not in fastembed's cache{where}); {HINT}"
+
+    def _load_fastembed(self, folder: Path | None, *, download: bool) -> Any:
         try:
             from fastembed import TextEmbedding
         except ImportError as exc:  # pragma: no cover - fastembed is a dependency
@@ -72,34 +131,25 @@ class FastEmbedEmbedder:
                 "(pip install memory-mcp) or set embedder.backend = 'bm25'"
             ) from exc
         _quiet_fastembed()
-        _return_large_buffers()
         kwargs: dict[str, Any] = {"lazy_load": False, "enable_cpu_mem_arena": False}
         if self.threads:
             kwargs["threads"] = self.threads
         if self.cache_dir:
             kwargs["cache_dir"] = self.cache_dir
-        if self.model_path:
-            folder = Path(self.model_path).expanduser()
-            if not (folder / "model.onnx").is_file() and not any(folder.glob("*.onnx")):
-                raise EmbedderError(
-                    f"embedder.model_path {folder} holds no ONNX model (model.onnx); point it "
-                    "at the folder of the model's ONNX export"
-                )
+        if folder is not None:
             kwargs["specific_model_path"] = str(folder)
         else:
             kwargs["local_files_only"] = not download
         try:
-            with _no_spinning():
+            with quiet_sessions():
                 impl = TextEmbedding(self.model, **kwargs)
         except Exception as exc:
-            if self.model_path:
-                raise EmbedderError(
-                    f"cannot load {self.model} from {self.model_path}: {exc}"
-                ) from exc
+            if folder is not None:
+                raise EmbedderError(f"cannot load {self.model} from {folder}: {exc}") from exc
             if not download:
-                hint = "downloading it" if self.download else "set embedder.model_path"
-                raise ModelNotLocal(f"{self.model} is not in fastembed's cache ({hint})") from exc
-            raise EmbedderError(f"cannot download {self.model}: {exc}") from exc
+                raise ModelNotLocal(self._not_local()) from exc
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise EmbedderError(f"{self.model} could not be downloaded ({first[:200]})") from exc
         tokenizer = getattr(getattr(impl, "model", None), "tokenizer", None)
         if tokenizer is not None:
             tokenizer.enable_truncation(max_length=self.max_tokens)
@@ -107,56 +157,51 @@ class FastEmbedEmbedder:
             log.warning(
                 "cannot limit %s to %d tokens; using its own limit", self.model, self.max_tokens
             )
-        probe = np.asarray(list(impl.embed(["probe"])), dtype=np.float32)
-        self._dim = int(probe.shape[1])
+        found = getattr(getattr(impl, "model", None), "_model_dir", None)
+        if folder is None and found is not None:
+            _remember(self._key(), str(found))
         return impl
 
     def embed(self, texts: Sequence[str]) -> Matrix:
-        if self._impl is None:
+        import numpy as np
+
+        if self._direct is None and self._impl is None:
             self.load()
         if not texts:
             return np.zeros((0, self._dim or 0), dtype=np.float32)
+        if self._direct is not None:
+            return self._direct.embed(texts, batch_size=self.batch_size)
         out = np.zeros((len(texts), self._dim or 0), dtype=np.float32)
         for batch in length_batches(texts, self.batch_size):
             vectors = list(self._impl.embed([texts[i] for i in batch], batch_size=len(batch)))
+            if out.shape[1] == 0:
+                out = np.zeros((len(texts), len(vectors[0])), dtype=np.float32)
             out[batch] = np.asarray(vectors, dtype=np.float32)
         return normalize_rows(out)
 
 
-@contextmanager
-def _no_spinning() -> Iterator[None]:
-    """Sessions made meanwhile put their idle threads to sleep instead of spinning.
-
-    onnxruntime's threads spin-wait after each run by default, holding a core
-    the vector search that follows a store's embedding wants: scoring 108,834
-    rows on two threads took 13.7 ms right after an embedding instead of 7.4,
-    and a query's embedding cost 57.8 ms of CPU time instead of 10.3 (on a
-    machine that several agents' servers share). Embedding is as fast without
-    it (12.3 vs 12.4 ms a passage). fastembed builds its own SessionOptions, so
-    the class is swapped while it does.
-    """
+def _remembered() -> dict[str, str]:
     try:
-        import onnxruntime as ort
-    except ImportError:  # pragma: no cover - fastembed depends on it
-        yield
+        data = json.loads((cache_dir() / FOLDERS_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(v, str)} if isinstance(data, dict) else {}
+
+
+def _remember(key: str, folder: str) -> None:
+    """Note where fastembed keeps a model, so that the next start finds it at once."""
+    known = _remembered()
+    if known.get(key) == folder:
         return
-    with _PATCH_LOCK:  # embedders may load in several threads at once
-        original = ort.SessionOptions
-
-        class _Quiet(original):  # type: ignore[misc, valid-type]
-            def __init__(self) -> None:
-                super().__init__()
-                self.add_session_config_entry("session.intra_op.allow_spinning", "0")
-                self.add_session_config_entry("session.inter_op.allow_spinning", "0")
-
-        ort.SessionOptions = _Quiet
-        try:
-            yield
-        finally:
-            ort.SessionOptions = original
-
-
-_PATCH_LOCK = threading.Lock()
+    known[key] = folder
+    path = cache_dir() / FOLDERS_FILE
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_suffix(f".{os.getpid()}.tmp")
+        temporary.write_text(json.dumps(known, indent=2), encoding="utf-8")
+        os.replace(temporary, path)
+    except OSError:
+        log.info("could not remember where %s is", key, exc_info=True)
 
 
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter

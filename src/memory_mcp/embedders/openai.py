@@ -48,6 +48,9 @@ class OpenAIEmbedder:
     def dim(self) -> int | None:
         return self._dim
 
+    def locate(self) -> str:
+        return self.base_url
+
     def load(self, *, download: bool = False) -> None:
         if self._dim is None:
             self._dim = int(self._request(["probe"]).shape[1])

@@ -14,6 +14,7 @@ process's exit waits for a model download.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -29,7 +30,7 @@ from memory_mcp.errors import EmbedderError, ModelNotLocal
 
 log = logging.getLogger(__name__)
 
-State = Literal["off", "loading", "ready", "unavailable"]
+State = Literal["off", "available", "loading", "ready", "unavailable"]
 _FIRST_RETRY_S = 30.0
 _MAX_RETRY_S = 900.0
 
@@ -46,8 +47,41 @@ class EmbedderStatus:
     reason: str
 
 
+_PRELOADED: dict[str, list[Embedder]] = {}
+
+
+def preload(settings: EmbedderSettings) -> None:
+    """Start loading the best embedder the settings point at, in a background thread.
+
+    ``serve`` calls this before it imports the MCP SDK (about half a second), so
+    that the model loads meanwhile; the ``Embeddings`` made later for the same
+    settings get the same candidates (``build_candidates``), whose ``load`` then
+    waits for this one instead of starting again. Only a model already on this
+    machine is loaded here; anything else is left to ``Embeddings``.
+    """
+    try:
+        candidates = build_candidates(settings)
+    except EmbedderError:
+        return
+    _PRELOADED[_key(settings)] = candidates
+    if candidates:
+        first = candidates[0]
+
+        def load() -> None:
+            with contextlib.suppress(Exception):  # Embeddings will try again and report it
+                first.load(download=False)
+
+        threading.Thread(target=load, name="embedder-preload", daemon=True).start()
+
+
+def _key(settings: EmbedderSettings) -> str:
+    return repr(settings)
+
+
 def build_candidates(settings: EmbedderSettings) -> list[Embedder]:
-    """The dense embedders the settings point at, best first."""
+    """The dense embedders the settings point at, best first (the preloaded ones, if any)."""
+    if (preloaded := _PRELOADED.pop(_key(settings), None)) is not None:
+        return preloaded
     candidates: list[Embedder] = []
     wants_openai = settings.backend == "openai" or (
         settings.backend == "auto" and bool(settings.openai_base_url)
@@ -112,15 +146,18 @@ class Embeddings:
         self._retry_s = _FIRST_RETRY_S
         self._loader: threading.Thread | None = None
         self._pending: list[Embedder] = []
+        self._located = ""
         self._limiter = anyio.CapacityLimiter(1)
 
     # Start-up ------------------------------------------------------------------------
 
-    def start(self, held: dict[str, int]) -> None:
+    def start(self, held: dict[str, int], *, load: bool = True) -> None:
         """Decide the identity from the settings and the store's vectors; start loading.
 
         Args:
             held: embedder names that already have vectors in the store, with counts.
+            load: False only finds where the model would load from (``status``
+                needs no model, and answers at once).
         """
         candidates = (
             self._candidates if self._candidates is not None else build_candidates(self.settings)
@@ -154,7 +191,33 @@ class Embeddings:
             chosen = candidates
             self._identity = candidates[0].name if self.settings.backend != "auto" else None
         self._pending = chosen
-        self._begin_loading()
+        if load:
+            self._begin_loading()
+        else:
+            self._locate()
+
+    def _locate(self) -> None:
+        """Find the first candidate that could load, without loading it."""
+        errors: list[str] = []
+        for candidate in self._pending:
+            try:
+                where = candidate.locate()
+            except ModelNotLocal as exc:
+                fetch = " (the first command or server that needs it downloads it)"
+                errors.append(str(exc) + (fetch if self.settings.download else ""))
+                continue
+            except EmbedderError as exc:
+                errors.append(str(exc))
+                continue
+            self._state = "available"
+            self._identity = self._identity or candidate.name
+            self._located = candidate.name
+            self._reason = f"not loaded by this command; loads from {where}"
+            self._settled.set()
+            return
+        self._state = "unavailable"
+        self._reason = _reasons(errors)
+        self._settled.set()
 
     def _begin_loading(self) -> None:
         with self._lock:
@@ -174,10 +237,11 @@ class Embeddings:
                 return
             if outcome == "not-local":
                 fetchable.append(candidate)
-        if fetchable:
+        if fetchable and self.settings.download:
             # The first attempt has settled: callers go on lexically while it downloads.
             with self._lock:
-                self._reason = _reasons(errors)
+                names = " / ".join(c.name for c in fetchable)
+                self._reason = f"downloading {names}; searching lexically until it arrives"
             self._settled.set()
             for candidate in fetchable:
                 if self._try(candidate, download=True, errors=errors) == "ready":
@@ -223,6 +287,17 @@ class Embeddings:
         """
         # abandon_on_cancel: a server shutting down must not wait for a slow load
         return await anyio.to_thread.run_sync(self._settled.wait, seconds, abandon_on_cancel=True)
+
+    async def settle(self) -> None:
+        """Wait for a model that is loading from disk, at most ``embedder.load_wait_seconds``.
+
+        Searches and stores call this first, so that the first ones of a session
+        get the model instead of the lexical floor (it loads in about a second;
+        a download does not count: the first load attempt settles at once when
+        the model is not on disk).
+        """
+        if self._state == "loading" and not self._settled.is_set():
+            await self.wait_settled(self.settings.load_wait_seconds)
 
     async def wait_loaded(self, seconds: float) -> bool:
         """Wait (bounded) until loading has finished, downloads included; True if ready.
@@ -273,6 +348,8 @@ class Embeddings:
     def status(self) -> EmbedderStatus:
         with self._lock:
             effective = self._embedder.name if self._state == "ready" and self._embedder else "bm25"
+            if self._state == "available":
+                effective = self._located
             degraded = self._state in ("unavailable", "loading") or (
                 self._state == "off" and "not used" in self._reason
             )

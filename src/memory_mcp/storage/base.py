@@ -11,14 +11,15 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
-
-import numpy as np
-import numpy.typing as npt
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from memory_mcp.records import Corpus, MergedEntry, Record
 
-Vector = npt.NDArray[np.float32]
+if TYPE_CHECKING:  # numpy loads only where vectors are made or scored
+    import numpy as np
+    import numpy.typing as npt
+
+Vector: TypeAlias = "npt.NDArray[np.float32]"
 
 
 @dataclass(frozen=True)

@@ -33,12 +33,10 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiosqlite
 import anyio
-import numpy as np
-import numpy.typing as npt
 
 from memory_mcp.errors import StorageError
 from memory_mcp.lexical import fts_query, query_terms, stem
@@ -46,7 +44,6 @@ from memory_mcp.passages import MAX_PASSAGES
 from memory_mcp.ranker import emphasis
 from memory_mcp.records import Conflict, MergedEntry, Record, content_hash
 from memory_mcp.storage.base import Filters, Scored, StoreStats, TaskState, Vector
-from memory_mcp.storage.dense import KEEP_CHANGES, DenseIndex, LayoutError, Moved
 from memory_mcp.storage.driver import (
     DATABASE_ERRORS,
     ERRORS,
@@ -56,6 +53,12 @@ from memory_mcp.storage.driver import (
     choose_driver,
 )
 from memory_mcp.storage.migrations import copy_database, migrate
+
+if TYPE_CHECKING:  # numpy and the vector copy load only when vectors are used
+    import numpy as np
+    import numpy.typing as npt
+
+    from memory_mcp.storage.dense import DenseIndex
 
 log = logging.getLogger(__name__)
 
@@ -237,6 +240,8 @@ def _lexical_sql(where: str) -> str:
 
 
 def _blob(vector: Vector) -> bytes:
+    import numpy as np
+
     return np.ascontiguousarray(vector, dtype=np.float32).tobytes()
 
 
@@ -351,6 +356,8 @@ class _Queries:
         The rows come from the in-memory copy of the vector table (``dense``),
         or from vec0's own k-nearest search when there is none.
         """
+        import numpy as np
+
         table = await self._store._vector_table(self._conn, embedder)
         if table is None or not filters.scope_keys:
             return []
@@ -395,6 +402,8 @@ class _Queries:
         The copy holds committed vectors only; records whose vectors this
         transaction wrote (a batch of stores) are read from vec0 instead.
         """
+        import numpy as np
+
         own = self._own_writes()
         if not own:
             return rowids, sims
@@ -544,6 +553,8 @@ class _Transaction(_Queries):
 
     async def _put_vectors(self, record_id: str, vectors: Vector, embedder: str) -> bool:
         """Make ``vectors`` the record's passage vectors; False if it is not current."""
+        import numpy as np
+
         slot = await self._slot(record_id)
         if slot is None:
             return False
@@ -891,6 +902,8 @@ class _Transaction(_Queries):
 
 async def _log_change(conn: aiosqlite.Connection, embedder: str, seq: int) -> None:
     """Note that record ``seq``'s vectors changed, for the in-memory copies (``dense``)."""
+    from memory_mcp.storage.dense import KEEP_CHANGES
+
     cursor = await conn.execute(
         "INSERT INTO vector_changes (embedder, seq) VALUES (?, ?)", [embedder, seq]
     )
@@ -1261,6 +1274,8 @@ class SqliteStore:
 
     async def vectors_of(self, record_id: str, embedder: str) -> Vector | None:
         """A current record's passage vectors from ``embedder`` (whole text first), if any."""
+        import numpy as np
+
         rows = await self._queries._fetch(
             "SELECT seq, vec_rows FROM records WHERE id = ? AND +embedder = ? AND vec_rows > 0",
             [record_id, embedder],
@@ -1372,6 +1387,8 @@ class SqliteStore:
 
     async def _copy(self, table: str, embedder: str) -> DenseIndex | None:
         """The in-memory copy of a vector table the reader can see, if copies are on."""
+        from memory_mcp.storage.dense import DenseIndex
+
         if self._copy_off:
             return None
         index = self._copies.get(table)
@@ -1387,6 +1404,8 @@ class SqliteStore:
 
     async def _prepared(self, index: DenseIndex, scope_keys: Collection[str]) -> bool:
         """Bring ``index`` up to date for these scopes (hold its lock); False: copies are off."""
+        from memory_mcp.storage.dense import LayoutError, Moved
+
         try:
             await index.prepare(self._queries._fetch, scope_keys)
         except LayoutError as exc:

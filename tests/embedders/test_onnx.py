@@ -1,0 +1,74 @@
+"""The model run directly on onnxruntime gives fastembed's vectors, and loads without it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import MODEL_NAME, model_path
+from memory_mcp.embedders.fastembed import FOLDERS_FILE, FastEmbedEmbedder
+from memory_mcp.errors import EmbedderError, ModelNotLocal
+
+TEXTS = [
+    "We deploy with GitHub Actions to Fly.io",
+    "x",
+    "Ünïcödé — naïve café, 東京, emoji 🚀 and `code_blocks()`",
+    " ".join(f"word{i}" for i in range(400)),  # past the 256-token window
+    "The API listens on port 8080. " * 12,
+]
+
+
+def test_the_direct_runner_gives_the_vectors_fastembed_gives(
+    real_embedder: FastEmbedEmbedder,
+) -> None:
+    from fastembed import TextEmbedding
+
+    reference = TextEmbedding(MODEL_NAME, specific_model_path=str(model_path()))
+    reference.model.tokenizer.enable_truncation(max_length=256)  # as the product sets it
+    expected = np.asarray(list(reference.embed(TEXTS, batch_size=2)), dtype=np.float32)
+    got = real_embedder.embed(TEXTS)
+    assert real_embedder._direct is not None  # not fastembed's own runner
+    assert got.shape == expected.shape == (len(TEXTS), 384)
+    assert float(np.abs(got - expected).max()) < 1e-5
+    one_by_one = np.stack([real_embedder.embed([text])[0] for text in TEXTS])
+    assert float(np.abs(one_by_one - got).max()) < 1e-5  # batching does not change a vector
+
+
+def test_loading_the_model_from_its_folder_does_not_import_fastembed() -> None:
+    script = (
+        "import sys\n"
+        "from memory_mcp.embedders.fastembed import FastEmbedEmbedder\n"
+        f"e = FastEmbedEmbedder({MODEL_NAME!r}, model_path={str(model_path())!r})\n"
+        "e.load()\n"
+        "print(e.dim, 'fastembed' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.split() == ["384", "False"]
+
+
+def test_a_folder_fastembed_downloaded_to_is_remembered_for_the_next_start(
+    tmp_path: Path,
+) -> None:
+    embedder = FastEmbedEmbedder(MODEL_NAME, cache_dir=str(tmp_path / "fastembed"))
+    with pytest.raises(ModelNotLocal, match="embedder.model_path"):
+        embedder.locate()
+    # what _load_fastembed writes after fastembed found (or downloaded) the model
+    known = {embedder._key(): str(model_path())}
+    (tmp_path / "xdg-cache" / "memory-mcp").mkdir(parents=True)
+    (tmp_path / "xdg-cache" / "memory-mcp" / FOLDERS_FILE).write_text(json.dumps(known))
+    assert embedder.locate() == str(model_path())
+    embedder.load()
+    assert embedder._direct is not None and embedder.dim == 384
+
+
+def test_a_model_folder_without_a_model_is_named_in_the_error(tmp_path: Path) -> None:
+    embedder = FastEmbedEmbedder(MODEL_NAME, model_path=str(tmp_path))
+    with pytest.raises(EmbedderError, match="holds no ONNX model"):
+        embedder.locate()
