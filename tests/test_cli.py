@@ -60,9 +60,13 @@ def test_json_output_reports_the_fold_decision(project: Path) -> None:
     result = json.loads(out)
     assert result["action"] == "superseded" and result["related_content"].endswith("15.")
     code, out, _ = run("search", "--json", "pigeon iOS version", cwd=project)
-    hits = json.loads(out)["hits"]
+    hits = json.loads(out)["results"]
     assert [h["content"] for h in hits] == ["The pigeon app's minimum iOS version is 16."]
     assert json.loads(out)["mode"] == "hybrid"
+    # the hit says which older value it replaced (that one is history, not current)
+    assert hits[0]["meta"]["supersedes"]["content"] == "The pigeon app's minimum iOS version is 15."
+    code, out, _ = run("search", "pigeon iOS version", cwd=project)
+    assert "supersedes" in out and "version is 15." in out
 
 
 def test_bad_input_exits_with_a_message_and_a_meaningful_code(
@@ -305,7 +309,8 @@ def test_maintain_dry_run_project_done_and_status(
     code, out, _ = run("maintain", "--task", "purge", "--task", "staleness", cwd=project)
     assert code == 0 and "staleness" in out and "purge" in out and "consolidate" not in out
     code, out, _ = run("status", cwd=project)
-    assert code == 0 and "maintenance" in out and "purge" in out and "ago" in out
+    assert code == 0 and "maintenance" in out and "purge" in out and "just now" in out
+    assert "now ago" not in out
     code, out, _ = run("maintain", "--task", "nope", cwd=project)
     assert code == 2
     code, out, _ = run("project", "done", "--dry-run", cwd=project)
@@ -332,3 +337,104 @@ def test_doctor_and_backup(project: Path, tmp_path: Path, monkeypatch: pytest.Mo
     target.rename(tmp_path / "memory.db")
     code, out, _ = run("search", "staging database", cwd=project)
     assert code == 0 and "pigeon_stage" in out
+
+
+# What a new user met: plain answers ----------------------------------------------------
+
+
+def test_json_output_uses_the_mcp_tools_field_names(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from memory_mcp.server import BriefOut, Forgotten, Found, Results, Stored
+
+    monkeypatch.setenv("MEMORY_MCP_EMBEDDER_BACKEND", "bm25")
+    code, out, _ = run("store", "--json", "Lint with ruff before committing", cwd=project)
+    stored = json.loads(out)
+    assert code == 0 and set(Stored.model_fields) <= set(stored)
+    code, out, _ = run("search", "--json", "ruff lint", cwd=project)
+    found = json.loads(out)
+    assert set(found) == set(Results.model_fields)
+    assert set(found["results"][0]) == set(Found.model_fields)
+    code, out, _ = run("brief", "--json", cwd=project)
+    assert set(BriefOut.model_fields) <= set(json.loads(out))
+    code, out, _ = run("forget", "--json", stored["id"], cwd=project)
+    assert set(json.loads(out)) == set(Forgotten.model_fields)
+
+
+def test_help_shows_flags_as_flags() -> None:
+    code, out, _ = run("search", "--help")
+    assert code == 0 and "--json" in out
+    assert "<bool>" not in out
+
+
+def test_cwd_may_be_relative(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEMORY_MCP_EMBEDDER_BACKEND", "bm25")
+    run("store", "Docs live in docs/", cwd=project)
+    code, out, err = run("search", "--cwd", ".", "docs", cwd=project / "src")
+    assert code == 0 and "Docs live in docs/" in out, err
+    code, out, _ = run("status", "--cwd", "..", "--json", cwd=project / "src")
+    assert code == 0 and json.loads(out)["project"] == str(project.resolve())
+
+
+def test_a_conflict_is_resolved_by_the_number_it_is_listed_with_and_marked_meanwhile(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MEMORY_MCP_EMBEDDER_BACKEND", "bm25")
+    run("store", "Run tests with pytest -x", cwd=project)
+    code, out, _ = run("store", "--json", "Never run tests with -x", cwd=project)
+    number = json.loads(out)["conflict_id"]
+    code, out, _ = run("search", "run tests", cwd=project)
+    assert out.count(f"CONFLICT #{number}") == 2  # each side names the other
+    code, out, _ = run("search", "--json", "run tests", cwd=project)
+    assert {h["meta"]["conflict"]["id"] for h in json.loads(out)["results"]} == {number}
+    code, out, _ = run("brief", cwd=project)
+    assert out.count(f"disputed (conflict #{number})") == 2
+    code, out, err = run("conflicts", "resolve", f"#{number}", "--keep", "new", cwd=project)
+    assert code == 0 and "resolved" in out, err
+    code, out, _ = run("search", "run tests", cwd=project)
+    assert "CONFLICT" not in out
+
+
+def test_search_finds_ingested_documents_with_their_path_and_heading(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MEMORY_MCP_EMBEDDER_BACKEND", "bm25")
+    (project / "README.md").write_text(
+        "# App\n\n## Release\n\nTag the commit, then run make publish.\n", encoding="utf-8"
+    )
+    assert run("ingest", cwd=project)[0] == 0
+    code, out, _ = run("search", "how do we publish a release", cwd=project)
+    assert code == 0 and "make publish" in out and "README.md > App > Release" in out
+    code, out, _ = run("search", "--json", "how do we publish a release", cwd=project)
+    [hit] = json.loads(out)["results"]
+    assert hit["corpus"] == "knowledge" and hit["meta"]["path"] == "README.md"
+
+
+def test_without_a_model_and_offline_reembed_fails_at_once_saying_how_to_provide_one(
+    project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(MODEL_ENV, raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("MEMORY_MCP_EMBEDDER_CACHE_DIR", str(tmp_path / "no-models"))
+    code, _, err = run("reembed", cwd=project)
+    assert code == 69
+    assert "not on this machine" in err and "embedder.model_path" in err
+    assert "download" not in err.replace("cannot be downloaded", "")
+    code, out, _ = run("status", cwd=project)
+    assert "embedder.model_path" in out and "downloading" not in out
+
+
+def test_the_backup_hint_says_to_remove_the_wal_files(
+    project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MEMORY_MCP_EMBEDDER_BACKEND", "bm25")
+    run("store", "Something to keep", cwd=project)
+    code, out, _ = run("backup", str(tmp_path / "copy.db"), cwd=project)
+    assert code == 0 and "memory.db-wal" in out and "memory.db-shm" in out
+
+
+def test_the_cli_task_list_is_maintenances() -> None:
+    from memory_mcp.cli import Task
+    from memory_mcp.maintenance import TASKS
+
+    assert [t.value for t in Task] == list(TASKS)

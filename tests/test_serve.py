@@ -301,6 +301,19 @@ def test_bench_launch_times_spawn_to_tools_list(
     assert again.to_json()["launches"] == 2
 
 
+def test_the_first_search_of_a_session_is_hybrid(
+    env: dict[str, str], project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A search sent right after tools/list, before the model has loaded, waits for it."""
+    from memory_mcp.bench.launch import run_launch_bench
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    report = run_launch_bench(project, launches=2, command=[COMMAND, "serve"], search=True)
+    assert [launch.mode for launch in report.launches] == ["hybrid", "hybrid"]
+    assert report.to_json()["first_search_hybrid"] == 2
+
+
 @pytest.mark.parametrize(
     "content",
     [
@@ -415,3 +428,23 @@ async def test_the_server_runs_maintenance_by_itself(env: dict[str, str], projec
             await store.close()
     assert tasks["reembed"].last_summary["skipped"].startswith("no dense embedder")
     assert all(not tasks[t].last_error for t in TASKS)
+
+
+def test_a_port_in_use_is_one_line_and_exit_78(env: dict[str, str], project: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [COMMAND, "serve", "--transport", "streamable-http", "--port", str(port)],
+            env=env,
+            cwd=project,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert done.returncode == 78
+    assert done.stderr.splitlines() == [
+        f"error: port {port} on 127.0.0.1 is in use (another memory-mcp serve?); pick another "
+        "with --port or serve.port"
+    ]

@@ -279,6 +279,47 @@ async def test_forget_archives_in_reach_only(
     assert after["results"] == []
 
 
+async def test_hits_say_what_they_supersede_and_which_conflict_they_are_in(
+    memory: MemoryService, project: Path
+) -> None:
+    async with client(memory) as c:
+        old = await call(
+            c, "memory_store", content="The API listens on port 8080", cwd=str(project)
+        )
+        new = await call(
+            c, "memory_store", content="The API listens on port 9090", cwd=str(project)
+        )
+        assert new["action"] == "superseded"
+        found = await call(c, "memory_search", query="API port", cwd=str(project))
+        [hit] = found["results"]
+        assert hit["meta"]["supersedes"]["id"] == old["id"]
+        assert hit["meta"]["supersedes"]["content"] == "The API listens on port 8080"
+        await call(
+            c, "memory_store", content="Always squash commits before merging", cwd=str(project)
+        )
+        flagged = await call(
+            c, "memory_store", content="Never squash commits before merging", cwd=str(project)
+        )
+        assert flagged["action"] == "conflict"
+        found = await call(c, "memory_search", query="squash commits", cwd=str(project))
+        conflicts = {r["id"]: r["meta"]["conflict"] for r in found["results"]}
+        assert {c["id"] for c in conflicts.values()} == {flagged["conflict_id"]}
+        assert conflicts[flagged["id"]]["with"]["content"] == "Always squash commits before merging"
+        unified = await call(c, "searchUnifiedMemory", query="squash commits", cwd=str(project))
+        assert len(unified["results"]) == 2
+        assert all(
+            r["metadata"]["conflict"]["id"] == flagged["conflict_id"] for r in unified["results"]
+        )
+
+
+async def test_forget_needs_no_reason(memory: MemoryService, project: Path) -> None:
+    async with client(memory) as c:
+        stored = await call(c, "memory_store", content="We use yarn", cwd=str(project))
+        forgotten = await call(c, "memory_forget", id=stored["id"], cwd=str(project))
+    assert forgotten["reason"] == "forgotten"
+    assert (await memory.get(stored["id"])).archived_at is not None
+
+
 # searchUnifiedMemory ------------------------------------------------------------------
 
 
@@ -491,7 +532,17 @@ BAD_INPUTS: list[tuple[str, dict[str, Any], str]] = [
     ("searchUnifiedMemory", {"query": "x", "limit": 21}, "from 1 to 20"),
     ("memory_forget", {"id": "f_nope", "reason": "wrong"}, "no record with id 'f_nope'"),
     ("memory_forget", {"id": "f_nope", "reason": " "}, "reason is empty"),
-    ("memory_forget", {"id": "f_nope"}, "reason"),
+    ("memory_forget", {"id": "f_nope", "why": "wrong"}, "unknown argument 'why'"),
+    # Argument errors are one sentence naming the argument, never pydantic's report.
+    ("memory_store", {}, "memory_store: content is required."),
+    ("memory_store", {"content": "x", "bogus": 1}, "unknown argument 'bogus'; it takes content"),
+    ("memory_search", {"query": "x", "limit": "many"}, "limit must be a whole number, got"),
+    ("memory_search", {"query": "x", "kinds": "fact"}, "kinds must be a list"),
+    (
+        "memory_search",
+        {"query": "x", "since": "2026-02-01", "until": "2026-01-01"},
+        "since (2026-02-01) is not before until (2026-01-01)",
+    ),
 ]
 
 
@@ -510,6 +561,8 @@ async def test_bad_input_is_a_tool_error_that_says_what_to_change_and_writes_not
         result = await c.call_tool(tool, arguments)
         assert result.is_error, f"{tool} accepted {str(arguments)[:200]}"
         assert message in _text(result), _text(result)
+        assert "\n" not in _text(result) and "pydantic" not in _text(result), _text(result)
+        assert not _text(result).startswith("Error executing tool"), _text(result)
         assert await count_records(memory) == before
         assert (await memory.get(seeded["id"])).current
         # The server is still up and answers a good call.

@@ -158,11 +158,18 @@ async def build_brief(
         for kind, r in latest.items()
         if r is not None
     ]
+    disputed: dict[str, int] = {}
+    for conflict in await memory.db.open_conflicts_of([r.id for r in [*facts, *global_facts]]):
+        disputed.setdefault(conflict.record_id, conflict.id)
+        disputed.setdefault(conflict.other_id, conflict.id)
+
+    def fact(r: Record) -> tuple[str, str]:
+        mark = f", disputed (conflict #{disputed[r.id]})" if r.id in disputed else ""
+        return r.id, f"- {r.kind}, {when(r)}{mark}: {_one_line(r.content, width)}"
+
     lines = {
-        "facts": [(r.id, f"- {r.kind}, {when(r)}: {_one_line(r.content, width)}") for r in facts],
-        "global": [
-            (r.id, f"- {r.kind}, {when(r)}: {_one_line(r.content, width)}") for r in global_facts
-        ],
+        "facts": [fact(r) for r in facts],
+        "global": [fact(r) for r in global_facts],
         "journal": [
             (r.id, f"- {when(r)}, {r.agent}: {_one_line(r.content, width)}") for r in journal
         ],

@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar, cast
 import anyio
 import typer
 
-from memory_mcp import __version__
+from memory_mcp import __version__, views
 from memory_mcp.config import LoadedSettings, load_settings, replaced
 from memory_mcp.errors import ConfigError, MemoryMcpError
-from memory_mcp.records import STORABLE_KINDS, Corpus, Hit, StoreResult, format_time, parse_time
+from memory_mcp.records import STORABLE_KINDS, Corpus, Hit, StoreResult, format_time
 from memory_mcp.scope import project_root
 from memory_mcp.service import MemoryService, Status
 from memory_mcp.terminal import Printer, Report, progress
@@ -52,9 +52,19 @@ out = Printer()
 err = Printer(stderr=True)
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+
+
+def _absolute(value: Path | None) -> Path | None:
+    """``--cwd`` relative to the current directory (``--cwd .``, ``--cwd ../app``)."""
+    return None if value is None else Path(os.path.abspath(value))
+
+
 CwdOption = Annotated[
     Path | None,
-    typer.Option(help="Working directory whose project to use (default: the current one)."),
+    typer.Option(
+        help="Working directory whose project to use (default: the current one).",
+        callback=_absolute,
+    ),
 ]
 # How long work that needs vectors (reembed, benchmarks) waits for a model download.
 _DOWNLOAD_WAIT = 600.0
@@ -85,6 +95,8 @@ def _root(
         stream=sys.stderr,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    if not verbose:  # a command reports the embedder's state in its own output, once
+        logging.getLogger("memory_mcp.embedders").setLevel(logging.ERROR)
 
 
 # Plumbing -----------------------------------------------------------------------------
@@ -206,7 +218,10 @@ def store(
 
     result = _with_memory(cwd, use)
     if as_json:
-        _print_json(asdict(result))
+        shown = views.stored(result)
+        _print_json(
+            {**shown, "kind": result.kind, "scope": result.scope, "embedded": result.embedded}
+        )
         return
     what = {
         "inserted": "stored",
@@ -241,11 +256,11 @@ def search(
     cwd: CwdOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Search memories (facts, journal, goal and plan), best first."""
+    """Search memories (facts, journal, goal and plan) and ingested documents, best first."""
     if scope not in ("all", "project", "global"):
         err.print(f"error: --scope must be all, project or global, got {scope!r}")
         raise typer.Exit(2)
-    corpora: tuple[Corpus, ...] = ("facts", "journal", "docs")
+    corpora: tuple[Corpus, ...] = ("facts", "journal", "docs", "knowledge")
 
     async def use(memory: MemoryService) -> Any:
         return await memory.search(
@@ -262,13 +277,7 @@ def search(
 
     result = _with_memory(cwd, use)
     if as_json:
-        _print_json(
-            {
-                "mode": result.mode,
-                "warnings": result.warnings,
-                "hits": [_hit(h) for h in result.hits],
-            }
-        )
+        _print_json(views.results(result))
         return
     for warning in result.warnings:
         err.print(f"warning: {warning}")
@@ -277,36 +286,38 @@ def search(
         raise typer.Exit(0)
     now = datetime.now(UTC)
     for hit in result.hits:
-        record = hit.record
-        where = "global" if record.scope == "global" else "project"
+        _print_hit(hit, now)
+
+
+def _print_hit(hit: Hit, now: datetime) -> None:
+    """One search result: score, kind, where, age, text, id; then what it replaced or
+    contradicts."""
+    record = hit.record
+    where = "global" if record.scope == "global" else "project"
+    if "path" in record.meta:
+        heading = f" > {record.meta['heading']}" if record.meta.get("heading") else ""
+        where = f"{record.meta['path']}{heading}"
+    out.print(
+        f"{hit.score:.2f}  [{record.kind}, {where}, {_ago(record.created_at, now)}]  "
+        f"{_short(record.content, 160)}  ({record.id})"
+    )
+    if replaced := hit.notes.get("supersedes"):
+        out.print(f"      supersedes {replaced['id']}: {_short(replaced['content'], 120)}")
+    if conflict := hit.notes.get("conflict"):
+        other = conflict["with"]
+        text = f": {_short(other['content'], 100)}" if "content" in other else ""
         out.print(
-            f"{hit.score:.2f}  [{record.kind}, {where}, {_age(record.created_at, now)}]  "
-            f"{_short(record.content, 160)}  ({record.id})"
+            f"      CONFLICT #{conflict['id']} with {other['id']}{text} "
+            f"(memory-mcp conflicts resolve {conflict['id']})"
         )
 
 
-def _hit(hit: Hit) -> dict[str, Any]:
-    r = hit.record
-    return {
-        "id": r.id,
-        "kind": r.kind,
-        "scope": r.scope,
-        "content": r.content,
-        "score": round(hit.score, 4),
-        "relevance": round(hit.relevance, 4),
-        "created_at": r.created_at,
-        "tags": r.tags,
-        "agent": r.agent,
-        "fold_count": r.fold_count,
-    }
+def _ago(stamp: str, now: datetime) -> str:
+    """How long ago: "just now", "5m ago", "3d ago" (``brief.age``'s units)."""
+    from memory_mcp.brief import age
 
-
-def _age(stamp: str, now: datetime) -> str:
-    seconds = max(0.0, (now - parse_time(stamp)).total_seconds())
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{int(seconds // size)}{unit} ago"
-    return "just now"
+    short = age(stamp, now)
+    return "just now" if short == "now" else f"{short} ago"
 
 
 class TransportChoice(StrEnum):
@@ -373,7 +384,7 @@ def forget(
 
     record = _with_memory(cwd, use, embeds=False)
     if as_json:
-        _print_json(record.to_json())
+        _print_json(views.forgotten(record))
     else:
         out.print(f"{record.id} archived ({record.archived_reason})")
 
@@ -407,8 +418,16 @@ def brief(
     if hook:
         context = {"hookEventName": "SessionStart", "additionalContext": result.text}
         typer.echo(json.dumps({"hookSpecificOutput": context}, ensure_ascii=False))
-    elif as_json:
-        _print_json(asdict(result))
+    elif as_json:  # memory_brief's fields, and what the budget kept
+        _print_json(
+            {
+                "brief": result.text,
+                "tokens": result.tokens,
+                "budget": result.budget,
+                "ids": result.ids,
+                "counts": result.counts,
+            }
+        )
     elif result.empty:
         err.print("no memories for this project yet")
     else:
@@ -669,12 +688,10 @@ def status(cwd: CwdOption = None, as_json: JsonOption = False) -> None:
 
 def _print_tasks(info: Status) -> None:
     """When each maintenance task last ran, what it did, and what waits."""
-    from memory_mcp.brief import age
-    from memory_mcp.maintenance import TASKS
 
     now = datetime.now(UTC)
     rows: list[list[str]] = []
-    for name in TASKS:
+    for name in Task:  # the maintenance tasks, without importing maintenance (status is fast)
         state = info.tasks.get(name)
         if state is None or state.last_finished_at is None:
             rows.append([name, "never", "", ""])
@@ -692,7 +709,7 @@ def _print_tasks(info: Status) -> None:
         later = f"retry after {state.retry_after}" if state.retry_after else ""
         if state.holder and state.lease_until and state.lease_until > format_time(now):
             later = f"running ({state.holder})"
-        rows.append([name, f"{age(state.last_finished_at, now)} ago", result, later])
+        rows.append([name, _ago(state.last_finished_at, now), result, later])
     out.print("maintenance")
     out.table(("task", "last run", "result", "next"), rows)
 
@@ -892,7 +909,6 @@ def conflicts(ctx: typer.Context, cwd: CwdOption = None, as_json: JsonOption = F
     if ctx.invoked_subcommand is not None:
         return
     from memory_mcp import maintenance
-    from memory_mcp.brief import age
 
     views = _with_memory(cwd, maintenance.open_conflicts, embeds=False)
     if as_json:
@@ -905,7 +921,7 @@ def conflicts(ctx: typer.Context, cwd: CwdOption = None, as_json: JsonOption = F
     for view in views:
         c = view.conflict
         where = c.scope_key or "global"
-        out.print(f"#{c.id}  {where}  {age(c.created_at, now)} ago  ({c.reason})")
+        out.print(f"#{c.id}  {where}  {_ago(c.created_at, now)}  ({c.reason})")
         for label, record, record_id in (
             ("new", view.new, c.record_id),
             ("old", view.old, c.other_id),
@@ -924,7 +940,7 @@ class KeepChoice(StrEnum):
 
 @conflicts_app.command("resolve")
 def conflicts_resolve(
-    conflict_id: Annotated[int, typer.Argument(help="The conflict's number (#ID).")],
+    conflict_id: Annotated[str, typer.Argument(help="The conflict's number, as listed (#3 or 3).")],
     keep: Annotated[KeepChoice, typer.Option(help="Which statement holds.")],
     text: Annotated[
         str | None, typer.Option(help="With --keep merged: the statement that replaces both.")
@@ -935,8 +951,13 @@ def conflicts_resolve(
     """Resolve a conflict: keep the newer, the older, both, or a merged text."""
     from memory_mcp import maintenance
 
+    number = conflict_id.strip().removeprefix("#")
+    if not number.isdigit():
+        err.print(f"error: {conflict_id!r} is not a conflict number; use one `conflicts` lists")
+        raise typer.Exit(2)
+
     async def use(memory: MemoryService) -> Any:
-        return await maintenance.resolve_conflict(memory, conflict_id, keep.value, text)
+        return await maintenance.resolve_conflict(memory, int(number), keep.value, text)
 
     closed, merged = _with_memory(cwd, use, embeds=text is not None)
     if as_json:
@@ -958,7 +979,6 @@ def archived(
     as_json: JsonOption = False,
 ) -> None:
     """List archived records, most recent first (restore them with `memory-mcp restore`)."""
-    from memory_mcp.brief import age
 
     async def use(memory: MemoryService) -> Any:
         keys = () if all_scopes else memory.scope_keys("all", cwd)
@@ -974,10 +994,8 @@ def archived(
     now = datetime.now(UTC)
     for record in records:
         assert record.archived_at is not None
-        when = age(record.archived_at, now)
-        out.print(
-            f"{record.id}  {record.archived_reason}  {when} ago  {_short(record.content, 80)}"
-        )
+        when = _ago(record.archived_at, now)
+        out.print(f"{record.id}  {record.archived_reason}  {when}  {_short(record.content, 80)}")
 
 
 @app.command()
@@ -1070,7 +1088,11 @@ def backup(
         _print_json({"path": str(written), "bytes": size})
     else:
         out.print(f"backed up to {written} ({size / 1e6:.1f} MB)")
-        out.print("to restore: stop the servers, then copy it over " + str(_database(cwd)))
+        database = _database(cwd)
+        out.print(
+            f"to restore: stop the servers, delete {database.name}-wal and {database.name}-shm "
+            f"beside {database} if they are there, then copy the backup over {database}"
+        )
 
 
 def _database(cwd: Path | None) -> Path:
@@ -1195,6 +1217,48 @@ def bench_launch(
             f"first memory_search answered: median {search:.3f} s after launch "
             f"(target: hybrid within 1 s); hybrid in {result.hybrid} of {len(result.launches)}"
         )
+
+
+@bench_app.command("cli")
+def bench_cli(
+    memories: Annotated[
+        int, typer.Option(min=0, max=100_000, help="Memories in the store first.")
+    ] = 1000,
+    runs: Annotated[int, typer.Option(min=1, max=1000, help="Timed runs per command.")] = 10,
+    no_bytecode: Annotated[
+        bool,
+        typer.Option(
+            "--no-bytecode/--skip-no-bytecode",
+            help="Also time each command without Python's bytecode cache.",
+        ),
+    ] = True,
+    as_json: JsonOption = False,
+) -> None:
+    """Whole-process seconds of --version, status, brief, brief --hook, inject, store, search."""
+    from memory_mcp.bench.commands import run_commands_bench
+
+    with _engine_errors(), _progress("runs", None) as report:
+        result = run_commands_bench(
+            memories=memories, runs=runs, uncached=no_bytecode, progress=report
+        )
+    if as_json:
+        _print_json(result.to_json())
+        return
+    out.print(f"{memories:,} memories; median of {runs} runs each, as whole processes")
+    rows = []
+    for timing in result.to_json()["commands"]:
+        uncached = timing["median_no_bytecode_s"]
+        rows.append(
+            [
+                timing["command"],
+                f"{timing['median_s']:.3f} s",
+                f"{timing['max_s']:.3f} s",
+                "" if uncached is None else f"{uncached:.3f} s",
+                f"{timing['target_s']:.1f} s",
+                "ok" if timing["median_s"] <= timing["target_s"] else "OVER",
+            ]
+        )
+    out.table(("command", "median", "max", "no bytecode", "target", ""), rows)
 
 
 @bench_app.command("brief")

@@ -63,4 +63,11 @@ class EmbedderError(MemoryMcpError):
 
 
 class ModelNotLocal(EmbedderError):
-    """The model is neither in the configured folder nor in the cache."""
+    """The model is neither in the configured folder nor in the cache.
+
+    ``hint`` says how to provide it (shown once, after every reason).
+    """
+
+    def __init__(self, message: str, *, hint: str = "") -> None:
+        super().__init__(message)
+        self.hint = hint

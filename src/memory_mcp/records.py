@@ -308,6 +308,9 @@ class Hit:
     relevance: float
     lexical: float | None = None
     dense: float | None = None
+    # What a reader should know besides the text: "supersedes" (the older value it
+    # replaced) and "conflict" (an open contradiction it is part of); see views.py.
+    notes: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -4,6 +4,9 @@
     relevance = bm25 / max_bm25                                     lexical only
     relevance = max(0, cosine)                                      dense only
 
+A record that has no vector from the query's embedder yet (written while the
+model was away, waiting for maintenance to embed it) is scored as lexical only.
+
 ``a`` is ``search.lexical_weight``; ``cosine`` is the best of a record's passage
 vectors, and ``max_bm25`` the best BM25 score among this query's hits. Each
 branch contributes its best ``search.candidates`` records; a record found by
@@ -104,7 +107,10 @@ def fuse(
     for rid, record in found.records.items():
         lex = found.bm25[rid] / top_bm25 if rid in found.bm25 and top_bm25 > 0 else 0.0
         cos = max(0.0, found.cosine.get(rid, 0.0))
-        relevance = a * lex + (1 - a) * cos
+        # A record with no vector yet (stored while the model was away) has only its
+        # words to go on: its lexical relevance counts fully, as with no model at all.
+        weight = 1.0 if dense and rid not in found.cosine else a
+        relevance = weight * lex + (1 - weight) * cos
         if relevance < min_relevance:
             continue
         prior = ranker.prior(record, now, plan.ranking)

@@ -20,6 +20,7 @@ DNS-rebinding protection (Host and Origin checks) is on for every address.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hmac
 import ipaddress
 import json
@@ -164,19 +165,60 @@ async def serve(
         ConfigError: an unsafe or impossible serve configuration.
     """
     settings = loaded.settings.serve
+    listener = None
     if transport != "stdio":
         check_exposure(settings)
-    async with MemoryService.open(loaded) as memory, anyio.create_task_group() as group:
-        group.start_soon(memory.warm_up)  # the start directory's project
-        if memory.settings.maintenance.enabled:
-            group.start_soon(maintenance.loop, memory)
-        server = build_server(memory)
-        if transport == "stdio":
-            log.info("serving MCP over stdio (%s)", memory.db.path)
-            await server.run_stdio_async()
-        else:
-            await _serve_http(server, transport, settings, memory, ready)
-        group.cancel_scope.cancel()
+        listener = bind(settings.host, settings.port)  # a port in use fails here, plainly
+    try:
+        async with MemoryService.open(loaded) as memory, anyio.create_task_group() as group:
+            group.start_soon(memory.warm_up)  # the start directory's project
+            if memory.settings.maintenance.enabled:
+                group.start_soon(maintenance.loop, memory)
+            server = build_server(memory)
+            if transport == "stdio":
+                log.info("serving MCP over stdio (%s)", memory.db.path)
+                await server.run_stdio_async()
+            else:
+                assert listener is not None
+                await _serve_http(server, transport, settings, memory, ready, listener)
+            group.cancel_scope.cancel()
+    except BaseExceptionGroup as failed:  # one engine error: say it, not the task group
+        ours = [e for e in failed.exceptions if isinstance(e, MemoryMcpError)]
+        if ours:
+            raise ours[0] from None
+        raise
+    finally:
+        if listener is not None:
+            listener.close()
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host``:``port``, bound before anything else starts.
+
+    Raises:
+        ConfigError: the port is in use, or the address is not this machine's.
+    """
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise ConfigError(f"cannot serve on {host}: {exc.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    listener = socket.socket(family, kind, proto)
+    try:
+        if sys.platform != "win32":
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(address)
+        listener.listen(128)
+    except OSError as exc:
+        listener.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise ConfigError(
+                f"port {port} on {host} is in use (another memory-mcp serve?); "
+                "pick another with --port or serve.port"
+            ) from None
+        raise ConfigError(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from None
+    listener.set_inheritable(True)
+    return listener
 
 
 def serve_behind_front(cwd: str | None, front: Front) -> int:
@@ -205,6 +247,7 @@ async def _serve_http(
     settings: ServeSettings,
     memory: MemoryService,
     ready: Callable[[str], None] | None,
+    listener: socket.socket,
 ) -> None:
     import uvicorn
 
@@ -253,7 +296,7 @@ async def _serve_http(
                     signal.signal(signum, handler)
 
     http = Http(config)
-    with contextlib.suppress(SystemExit):  # uvicorn exits when it cannot bind
-        await http.serve()
+    with contextlib.suppress(SystemExit):  # uvicorn exits when it cannot start
+        await http.serve(sockets=[listener])
     if not http.started:
-        raise ConfigError(f"could not serve at {url} (is the port in use? see the log above)")
+        raise ConfigError(f"could not serve at {url} (see the log above)")

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
@@ -30,15 +30,15 @@ from urllib.request import url2pathname
 
 from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
-from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
 from mcp.server.mcpserver.resolve import ListRoots, Resolve
 from mcp.server.mcpserver.tools import Tool
 from mcp_types import ListRootsResult
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
-from memory_mcp import __version__
+from memory_mcp import __version__, views
 from memory_mcp.errors import InvalidInput, MemoryMcpError
-from memory_mcp.records import Hit, SearchResult, StoreResult
+from memory_mcp.records import SearchResult
 from memory_mcp.scope import resolve_cwd
 from memory_mcp.service import MemoryService, UnifiedItem
 
@@ -141,39 +141,8 @@ class Forgotten(BaseModel):
     reason: str
 
 
-def _stored(result: StoreResult) -> Stored:
-    return Stored(
-        id=result.id,
-        action=result.action,
-        related_id=result.related_id or "",
-        related_content=result.related_content or "",
-        conflict_id=result.conflict_id or 0,
-        redacted=[f"{r.kind} x{r.count}" for r in result.redactions],
-        reason=result.reason,
-    )
-
-
-def _found(hit: Hit) -> Found:
-    record = hit.record
-    meta: dict[str, Any] = {k: record.meta[k] for k in ("path", "heading") if k in record.meta}
-    if record.tags:
-        meta["tags"] = list(record.tags)
-    return Found(
-        id=record.id,
-        content=record.content,
-        corpus=record.corpus,
-        kind=record.kind,
-        score=round(hit.score, 4),
-        agent=record.agent,
-        created_at=record.created_at,
-        meta=meta,
-    )
-
-
 def _results(result: SearchResult) -> Results:
-    return Results(
-        results=[_found(h) for h in result.hits], mode=result.mode, warnings=result.warnings
-    )
+    return Results.model_validate(views.results(result))
 
 
 def _unified(item: UnifiedItem) -> UnifiedHit:
@@ -311,13 +280,77 @@ def compact_schema(schema: Any, *, nullable: bool = False) -> Any:
     return out
 
 
+_EXPECTED = {
+    "string_type": "text",
+    "int_type": "a whole number",
+    "int_parsing": "a whole number",
+    "int_from_float": "a whole number",
+    "float_type": "a number",
+    "float_parsing": "a number",
+    "bool_type": "true or false",
+    "bool_parsing": "true or false",
+    "list_type": 'a list (for example ["a"])',
+    "dict_type": "an object",
+}
+
+
+def argument_errors(tool: str, errors: Sequence[Any]) -> str:
+    """Pydantic's errors on a tool's arguments as one sentence a model can act on."""
+    parts = []
+    for error in errors:
+        where = ".".join(str(p) for p in error.get("loc", ()) if p != tool) or "arguments"
+        kind = error.get("type", "")
+        given = error.get("input")
+        shown = repr(given) if len(repr(given)) <= 40 else repr(given)[:39] + "…"
+        if kind == "missing":
+            parts.append(f"{where} is required")
+        elif kind == "literal_error":
+            choices = (error.get("ctx") or {}).get("expected", "")
+            parts.append(f"{where} must be {choices}, got {shown}")
+        elif kind in _EXPECTED:
+            parts.append(f"{where} must be {_EXPECTED[kind]}, got {shown}")
+        else:
+            parts.append(f"{where}: {error.get('msg', 'is not valid')}")
+    return f"{tool}: " + "; ".join(parts) + "."
+
+
+class CheckedTool(Tool):
+    """A tool whose bad arguments get one plain sentence, not pydantic's report.
+
+    An unknown argument is refused too (pydantic would drop it silently, and the
+    model would never learn that its ``content_type`` or ``text`` did nothing).
+    """
+
+    async def run(
+        self, arguments: dict[str, Any], context: Any, convert_result: bool = False
+    ) -> Any:
+        known = self.parameters.get("properties", {})
+        unknown = sorted(set(arguments) - set(known))
+        if unknown:
+            raise ToolError(
+                f"{self.name}: unknown argument {unknown[0]!r}; it takes {', '.join(known)}."
+            )
+        try:
+            self.fn_metadata.validate_arguments(arguments)
+        except ValidationError as exc:
+            raise ToolError(argument_errors(self.name, exc.errors())) from None
+        try:
+            return await super().run(arguments, context, convert_result)
+        except UnexpectedToolError:
+            raise
+        except ToolError as exc:
+            if isinstance(exc.__cause__, ToolError):  # ours, under the SDK's long prefix
+                raise ToolError(f"{self.name}: {exc.__cause__}") from None
+            raise
+
+
 def build_server(memory: MemoryService) -> MCPServer[Any]:
     """The MCP server over an open ``MemoryService``."""
     tools: list[Tool] = []
 
     def tool(name: str | None = None) -> Callable[[ToolFn], ToolFn]:
         def register(fn: ToolFn) -> ToolFn:
-            made = Tool.from_function(fn, name=name)
+            made = CheckedTool.from_function(fn, name=name)
             made.parameters = compact_schema(made.parameters)
             if made.fn_metadata.output_schema is not None:
                 made.fn_metadata.output_schema = compact_schema(
@@ -360,7 +393,7 @@ def build_server(memory: MemoryService) -> MCPServer[Any]:
                 agent=_caller(ctx),
             )
         )
-        return _stored(result)
+        return Stored.model_validate(views.stored(result))
 
     @tool()
     async def memory_search(
@@ -429,15 +462,14 @@ def build_server(memory: MemoryService) -> MCPServer[Any]:
     @tool()
     async def memory_forget(
         id: Annotated[str, Field(description="The record's id.")],
-        reason: Annotated[str, Field(description="Why it no longer holds.")],
         roots: Roots,
+        reason: Annotated[str, Field(description="Why it no longer holds.")] = "forgotten",
         cwd: Cwd = None,
     ) -> Forgotten:
         """Archive a memory that is wrong or obsolete (reversible)."""
         where = _where(cwd, roots)
         record = await _call(memory.forget(id, reason=reason, cwd=where, anywhere=False))
-        assert record.archived_at is not None
-        return Forgotten(id=record.id, archived_at=record.archived_at, reason=reason)
+        return Forgotten.model_validate(views.forgotten(record))
 
     @tool()
     async def memory_brief(roots: Roots, cwd: Cwd = None) -> BriefOut:

@@ -432,13 +432,19 @@ class MemoryService:
                 raise InvalidInput(f"unknown corpus {corpus!r}; use one of: {', '.join(CORPORA)}")
         if kinds:
             corpora = tuple(dict.fromkeys(CORPUS_OF_KIND[k] for k in kinds))
+        after, before = _time_bound(since, "since"), _time_bound(until, "until")
+        if after is not None and before is not None and after >= before:
+            raise InvalidInput(
+                f"since ({since}) is not before until ({until}): nothing can match; "
+                "swap them or leave one out"
+            )
         filters = Filters(
             scope_keys=self.scope_keys(scope, cwd),
             corpora=tuple(corpora),
             kinds=tuple(kinds),
             tags=tuple(without_surrogates(t).strip().casefold() for t in tags if t.strip()),
-            since=_time_bound(since, "since"),
-            until=_time_bound(until, "until"),
+            since=after,
+            until=before,
         )
         query_vector, identity, warnings = await self._embed_query(text)
         at = now or self.clock()
@@ -451,6 +457,7 @@ class MemoryService:
             plan=self._plan,
             min_relevance=min_relevance,
         )
+        await self._annotate(hits)
         if count_access:
             await self._count_access(hits, at)
         return SearchResult(hits=hits, mode=_mode(query_vector), warnings=warnings)
@@ -474,6 +481,7 @@ class MemoryService:
         query_vector, found, warnings = await self._fan_out(text, branches)
         at = self.clock()
         hits = fuse(found, dense=query_vector is not None, limit=limit, now=at, plan=self._plan)
+        await self._annotate(hits)
         await self._count_access(hits, at)
         return SearchResult(hits=hits, mode=_mode(query_vector), warnings=warnings)
 
@@ -532,7 +540,11 @@ class MemoryService:
         kept.sort(key=lambda i: (-i.similarity, i.type, i.id))
         kept = kept[:limit]
         returned = {i.id for i in kept}
-        await self._count_access([h for h in hits if h.record.id in returned], at)
+        shown = {hit.record.id: hit for hit in hits if hit.record.id in returned}
+        await self._annotate(list(shown.values()))
+        for item in kept:
+            item.metadata.update(shown[item.id].notes)
+        await self._count_access(list(shown.values()), at)
         return UnifiedResult(results=kept, warnings=warnings, mode=_mode(query_vector))
 
     async def _embed_query(self, text: str) -> tuple[Vector | None, str | None, list[str]]:
@@ -588,6 +600,38 @@ class MemoryService:
             for label, filters in branches:
                 group.start_soon(gather, label, filters)
         return query_vector, found, [*warnings, *sorted(failures)]
+
+    async def _annotate(self, hits: Sequence[Hit]) -> None:
+        """Note on each hit the older value it supersedes and the open conflict it is in.
+
+        A reader must not take a replaced value for the current one, nor act on
+        one side of a contradiction without seeing the other.
+        """
+        if not hits:
+            return
+        from memory_mcp import views
+
+        ids = [h.record.id for h in hits]
+        conflicts = await self.db.open_conflicts_of(ids)
+        older = {h.record.id: h.record.supersedes[-1] for h in hits if h.record.supersedes}
+        others = {c.other_id if c.record_id in ids else c.record_id for c in conflicts}
+        related = {r.id: r for r in await self.db.get_many([*older.values(), *others])}
+        for hit in hits:
+            replaced = related.get(older.get(hit.record.id, ""))
+            if replaced is not None:
+                hit.notes["supersedes"] = views.related(replaced)
+            for conflict in conflicts:
+                if hit.record.id not in (conflict.record_id, conflict.other_id):
+                    continue
+                other_id = (
+                    conflict.other_id if conflict.record_id == hit.record.id else conflict.record_id
+                )
+                other = related.get(other_id)
+                hit.notes["conflict"] = {
+                    "id": conflict.id,
+                    "with": views.related(other) if other else {"id": other_id},
+                }
+                break
 
     async def _count_access(self, hits: Sequence[Hit], at: datetime) -> None:
         """Count hits as accesses; a store that cannot be written (read-only, full,

@@ -57,8 +57,9 @@ def test_a_folder_fastembed_downloaded_to_is_remembered_for_the_next_start(
     tmp_path: Path,
 ) -> None:
     embedder = FastEmbedEmbedder(MODEL_NAME, cache_dir=str(tmp_path / "fastembed"))
-    with pytest.raises(ModelNotLocal, match="embedder.model_path"):
+    with pytest.raises(ModelNotLocal, match="not on this machine") as missing:
         embedder.locate()
+    assert "embedder.model_path" in missing.value.hint
     # what _load_fastembed writes after fastembed found (or downloaded) the model
     known = {embedder._key(): str(model_path())}
     (tmp_path / "xdg-cache" / "memory-mcp").mkdir(parents=True)

@@ -181,7 +181,7 @@ def run_launch_bench(
     Args:
         search: also time a ``memory_search`` sent right after ``tools/list``.
     """
-    command = list(command or [_executable(), "serve"])
+    command = list(command or [executable(), "serve"])
     cold = None
     if not (cache_dir() / CACHE_FILE).is_file():
         cold = launch_once(command, cwd).tools_s
@@ -193,6 +193,6 @@ def run_launch_bench(
     return report
 
 
-def _executable() -> str:
+def executable() -> str:
     beside = Path(sys.executable).with_name("memory-mcp" + (".exe" if os.name == "nt" else ""))
     return str(beside) if beside.is_file() else "memory-mcp"

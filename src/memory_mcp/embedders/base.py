@@ -37,6 +37,10 @@ class Embedder(Protocol):
         """
         ...
 
+    def can_download(self) -> str | None:
+        """Why a download of a model that is not local cannot work now, or None."""
+        ...
+
     def load(self, *, download: bool = False) -> None:
         """Make the embedder ready.
 
@@ -93,6 +97,9 @@ class FakeEmbedder:
 
     def locate(self) -> str:
         return "built in"
+
+    def can_download(self) -> str | None:
+        return None
 
     def load(self, *, download: bool = False) -> None:
         return None

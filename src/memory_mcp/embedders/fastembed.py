@@ -16,11 +16,13 @@ import ctypes
 import json
 import logging
 import os
+import socket
 import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from memory_mcp.dirs import cache_dir
 from memory_mcp.embedders.base import Matrix, length_batches, normalize_rows
@@ -81,7 +83,24 @@ class FastEmbedEmbedder:
         folder = self._folder()
         if folder is not None:
             return str(folder)
-        raise ModelNotLocal(self._not_local())
+        raise self._not_local()
+
+    def can_download(self) -> str | None:
+        """Why a download cannot work now, or None when it may.
+
+        fastembed retries an unreachable host for about 40 s before it gives up;
+        a machine without network learns that at once here (a 2 s connection).
+        """
+        if not self.download:
+            return "downloads are off (embedder.download = false)"
+        if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+            return "HF_HUB_OFFLINE is set"
+        host = urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+        try:
+            with socket.create_connection((host.hostname or "", host.port or 443), timeout=2):
+                return None
+        except OSError as exc:
+            return f"{host.hostname} cannot be reached ({exc.strerror or exc})"
 
     def load(self, *, download: bool = False) -> None:
         with self._lock:
@@ -118,9 +137,11 @@ class FastEmbedEmbedder:
     def _key(self) -> str:
         return f"{self.model}|{os.path.abspath(self.cache_dir) if self.cache_dir else ''}"
 
-    def _not_local(self) -> str:
+    def _not_local(self) -> ModelNotLocal:
         where = f" ({self.cache_dir})" if self.cache_dir else ""
-        return f"{self.model} is not on this machine (not in fastembed's cache{where}); {HINT}"
+        return ModelNotLocal(
+            f"{self.model} is not on this machine (not in fastembed's cache{where})", hint=HINT
+        )
 
     def _load_fastembed(self, folder: Path | None, *, download: bool) -> Any:
         try:
@@ -147,7 +168,7 @@ class FastEmbedEmbedder:
             if folder is not None:
                 raise EmbedderError(f"cannot load {self.model} from {folder}: {exc}") from exc
             if not download:
-                raise ModelNotLocal(self._not_local()) from exc
+                raise self._not_local() from exc
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise EmbedderError(f"{self.model} could not be downloaded ({first[:200]})") from exc
         tokenizer = getattr(getattr(impl, "model", None), "tokenizer", None)

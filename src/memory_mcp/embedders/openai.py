@@ -51,6 +51,9 @@ class OpenAIEmbedder:
     def locate(self) -> str:
         return self.base_url
 
+    def can_download(self) -> str | None:
+        return "an embeddings API has no model to download"
+
     def load(self, *, download: bool = False) -> None:
         if self._dim is None:
             self._dim = int(self._request(["probe"]).shape[1])

@@ -203,8 +203,14 @@ class Embeddings:
             try:
                 where = candidate.locate()
             except ModelNotLocal as exc:
-                fetch = " (the first command or server that needs it downloads it)"
-                errors.append(str(exc) + (fetch if self.settings.download else ""))
+                blocked = candidate.can_download()
+                errors.append(
+                    f"{exc}; the first command or server that needs it downloads it"
+                    if blocked is None
+                    else f"{exc}, and it cannot be downloaded: {blocked}"
+                )
+                if exc.hint:
+                    errors.append(exc.hint)
                 continue
             except EmbedderError as exc:
                 errors.append(str(exc))
@@ -230,38 +236,48 @@ class Embeddings:
 
     def _load(self) -> None:
         errors: list[str] = []
+        hints: list[str] = []
         fetchable: list[Embedder] = []
         for candidate in self._pending:
-            outcome = self._try(candidate, download=False, errors=errors)
+            outcome = self._try(candidate, download=False, errors=errors, hints=hints)
             if outcome == "ready":
                 return
             if outcome == "not-local":
-                fetchable.append(candidate)
-        if fetchable and self.settings.download:
+                if (blocked := candidate.can_download()) is None:
+                    fetchable.append(candidate)
+                else:
+                    errors.append(f"it cannot be downloaded: {blocked}")
+        if fetchable:
             # The first attempt has settled: callers go on lexically while it downloads.
             with self._lock:
                 names = " / ".join(c.name for c in fetchable)
                 self._reason = f"downloading {names}; searching lexically until it arrives"
             self._settled.set()
             for candidate in fetchable:
-                if self._try(candidate, download=True, errors=errors) == "ready":
+                if self._try(candidate, download=True, errors=errors, hints=hints) == "ready":
                     return
         with self._lock:
             self._state = "unavailable"
-            self._reason = _reasons(errors) + "; searching lexically until it is available"
+            self._reason = (
+                _reasons(errors)
+                + "; searching lexically until it is available"
+                + "".join(f". To provide it: {hint}" for hint in dict.fromkeys(hints))
+            )
             self._retry_at = time.monotonic() + self._retry_s
             self._retry_s = min(self._retry_s * 2, _MAX_RETRY_S)
         log.warning("embedder unavailable: %s", self._reason)
         self._settled.set()
 
     def _try(
-        self, candidate: Embedder, *, download: bool, errors: list[str]
+        self, candidate: Embedder, *, download: bool, errors: list[str], hints: list[str]
     ) -> Literal["ready", "not-local", "failed"]:
         """Load one candidate; on success make it the embedder in use."""
         try:
             candidate.load(download=download)
         except ModelNotLocal as exc:
             errors.append(str(exc))
+            if exc.hint:
+                hints.append(exc.hint)
             return "not-local"
         except EmbedderError as exc:
             errors.append(str(exc))

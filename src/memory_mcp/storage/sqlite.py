@@ -1154,6 +1154,19 @@ class SqliteStore:
         )
         return [Conflict(*row) for row in rows]
 
+    async def open_conflicts_of(self, record_ids: Sequence[str]) -> list[Conflict]:
+        """The open conflicts that any of ``record_ids`` is part of, oldest first."""
+        if not record_ids:
+            return []
+        marks = _marks(record_ids)
+        rows = await self._queries._fetch(
+            "SELECT id, scope_key, record_id, other_id, reason, created_at, resolved_at, "
+            f"resolution FROM conflicts WHERE resolved_at IS NULL AND (record_id IN ({marks}) "
+            f"OR other_id IN ({marks})) ORDER BY id",
+            [*record_ids, *record_ids],
+        )
+        return [Conflict(*row) for row in rows]
+
     async def conflict(self, conflict_id: int) -> Conflict | None:
         rows = await self._queries._fetch(
             "SELECT id, scope_key, record_id, other_id, reason, created_at, resolved_at, "
