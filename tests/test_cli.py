@@ -438,3 +438,53 @@ def test_the_cli_task_list_is_maintenances() -> None:
     from memory_mcp.maintenance import TASKS
 
     assert [t.value for t in Task] == list(TASKS)
+
+
+def test_install_and_uninstall_all_and_what_they_say(
+    project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    code, out, err = run("install", "all", "--hook", cwd=project)
+    assert code == 0, err
+    for path in (".claude.json", ".codex/config.toml", ".gemini/settings.json"):
+        assert f"{home / path}: " in out
+    assert "to do: Codex runs a new hook only after you trust it" in out
+    assert "to do: Gemini CLI turns MCP servers and hooks off" in out
+    code, out, _ = run("status", "--json", cwd=project)
+    agents = {a["agent"]: a for a in json.loads(out)["agents"]}
+    assert all(a["servers"] == ["user"] and a["hooks"] == ["user"] for a in agents.values())
+    code, out, _ = run("status", cwd=project)
+    assert "to do (codex)" in out and "to do (gemini)" in out
+    code, out, err = run("uninstall", "all", cwd=project)
+    assert code == 0, err
+    assert [p for p in home.rglob("*") if p.is_file()] == []
+
+
+def test_run_starts_one_cli_and_touches_nothing_when_it_is_missing(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MEMORY_MCP_EMBEDDER_BACKEND", "bm25")
+    run("store", "Docs live in docs/", cwd=project)
+    code, _, err = run("run", "all", cwd=project)
+    assert code == 2 and "all" in err
+    monkeypatch.setenv("PATH", str(project))  # no claude here
+    code, _, err = run("run", "claude", cwd=project)
+    assert code == 127 and "claude is not installed" in err
+    assert not (project / "CLAUDE.md").exists()
+
+
+def test_the_hook_stays_silent_when_the_prompt_file_already_has_the_brief(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MEMORY_MCP_EMBEDDER_BACKEND", "bm25")
+    run("store", "Docs live in docs/", cwd=project)
+    code, out, _ = run("brief", "--hook", "--agent", "claude", cwd=project)
+    context = json.loads(out)["hookSpecificOutput"]["additionalContext"]
+    assert code == 0 and "Docs live in docs/" in context
+    run("inject", "--agent", "claude", cwd=project)  # what `run claude` does first
+    code, out, _ = run("brief", "--hook", "--agent", "claude", cwd=project)
+    assert code == 0 and json.loads(out) == {}
+    code, out, _ = run("brief", "--hook", "--agent", "gemini", cwd=project)
+    assert "Docs live in docs/" in json.loads(out)["hookSpecificOutput"]["additionalContext"]

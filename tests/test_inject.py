@@ -315,7 +315,8 @@ def test_run_without_the_cli_installed_says_so(project: Path, tmp_path: Path) ->
         [COMMAND, "run", "gemini"], cwd=project, env=env, capture_output=True, timeout=60
     )
     assert result.returncode == 127
-    assert b"cannot start gemini" in result.stderr
+    assert b"gemini is not installed (not on PATH); nothing was changed" in result.stderr
+    assert not (project / "GEMINI.md").exists()
 
 
 def test_the_inject_command_on_a_seeded_repository(project: Path) -> None:

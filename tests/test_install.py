@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from memory_mcp.errors import InvalidInput
-from memory_mcp.install import hook_path, install, server_path, uninstall
+from memory_mcp.install import hook_path, inspect, install, server_env, server_path, todo, uninstall
 
 CLAUDE_JSON = {
     "numStartups": 42,
@@ -74,12 +74,12 @@ def test_install_then_uninstall_leaves_everything_else_intact(
     agent: str, home: Path, project: Path
 ) -> None:
     files = {server_path(agent, "user", project, home), hook_path(agent, "user", project, home)}  # type: ignore[arg-type]
-    before = {path: parsed(path) for path in files}
+    before = {path: path.read_bytes() for path in files}
 
-    changes = install(agent, "user", project, hook=True, home=home, program="memory-mcp")  # type: ignore[arg-type]
+    changes = install(agent, "user", project, hook=True, home=home, program="memory-mcp", env={})  # type: ignore[arg-type]
     assert {c.outcome for c in changes} == {"added"}
     for change in changes:
-        assert change.backup is not None and parsed(change.backup) == before[change.path]
+        assert change.backup is not None and change.backup.read_bytes() == before[change.path]
 
     server_file = server_path(agent, "user", project, home)  # type: ignore[arg-type]
     if agent == "codex":
@@ -93,16 +93,17 @@ def test_install_then_uninstall_leaves_everything_else_intact(
         assert len(servers) == 2, "the other server stays"
     hooks = json.loads(hook_path(agent, "user", project, home).read_text())["hooks"]  # type: ignore[arg-type]
     commands = [h["command"] for g in hooks["SessionStart"] for h in g["hooks"]]
-    assert "memory-mcp brief --hook" in commands
+    assert f"memory-mcp brief --hook --agent {agent}" in commands
 
     stamps = {path: path.stat().st_mtime_ns for path in files}
-    again = install(agent, "user", project, hook=True, home=home, program="memory-mcp")  # type: ignore[arg-type]
+    again = install(agent, "user", project, hook=True, home=home, program="memory-mcp", env={})  # type: ignore[arg-type]
     assert {c.outcome for c in again} == {"unchanged"}
     assert {path: path.stat().st_mtime_ns for path in files} == stamps
 
     removed = uninstall(agent, "user", project, home=home)  # type: ignore[arg-type]
     assert {c.outcome for c in removed} == {"removed"}
-    assert {path: parsed(path) for path in files} == before
+    assert {path: path.read_bytes() for path in files} == before, "byte for byte"
+    assert not list(home.rglob("*.memory-mcp.bak")), "the backups have served"
     assert {c.outcome for c in uninstall(agent, "user", project, home=home)} == {"unchanged"}  # type: ignore[arg-type]
 
 
@@ -146,12 +147,12 @@ def test_broken_configuration_is_refused_untouched(home: Path, project: Path) ->
 
 def test_an_absolute_program_path_is_recognised_as_ours(home: Path, project: Path) -> None:
     program = "/opt/tools/bin/memory-mcp"
-    install("gemini", "user", project, hook=True, home=home, program=program)
-    install("gemini", "user", project, hook=True, home=home, program="memory-mcp")  # moved
+    install("gemini", "user", project, hook=True, home=home, program=program, env={})
+    install("gemini", "user", project, hook=True, home=home, program="memory-mcp", env={})
     settings = json.loads((home / ".gemini" / "settings.json").read_text())
     assert settings["mcpServers"]["memory"]["command"] == "memory-mcp"
     commands = [h["command"] for g in settings["hooks"]["SessionStart"] for h in g["hooks"]]
-    assert commands == ["memory-mcp brief --hook"], "replaced, not duplicated"
+    assert commands == ["memory-mcp brief --hook --agent gemini"], "replaced, not duplicated"
     uninstall("gemini", "user", project, home=home)
     assert json.loads((home / ".gemini" / "settings.json").read_text()) == GEMINI_SETTINGS
 
@@ -160,7 +161,7 @@ def test_codex_dotted_server_keys_are_not_corrupted(home: Path, project: Path) -
     config = home / ".codex" / "config.toml"
     dotted = 'mcp_servers.other.command = "x"\nmodel = "o3"\n'
     config.write_text(dotted)
-    changes = install("codex", "user", project, home=home, program="memory-mcp")
+    changes = install("codex", "user", project, home=home, program="memory-mcp", env={})
     import tomllib
 
     parsed = tomllib.loads(config.read_text())
@@ -186,11 +187,39 @@ def test_codex_servers_of_another_shape_are_refused_untouched(
 
 def test_the_first_backup_keeps_the_original(home: Path, project: Path) -> None:
     settings = home / ".gemini" / "settings.json"
+    backup = home / ".gemini" / "settings.json.memory-mcp.bak"
     original = settings.read_bytes()
-    install("gemini", "user", project, home=home, program="memory-mcp")
-    install("gemini", "user", project, hook=True, home=home, program="memory-mcp")
+    install("gemini", "user", project, home=home, program="memory-mcp", env={})
+    install("gemini", "user", project, hook=True, home=home, program="memory-mcp", env={})
+    assert backup.read_bytes() == original
     uninstall("gemini", "user", project, home=home)
-    assert (home / ".gemini" / "settings.json.memory-mcp.bak").read_bytes() == original
+    assert settings.read_bytes() == original and not backup.exists()
+
+
+def test_a_file_changed_since_install_keeps_the_change_and_the_backup(
+    home: Path, project: Path
+) -> None:
+    settings = home / ".gemini" / "settings.json"
+    install("gemini", "user", project, home=home, program="memory-mcp", env={})
+    data = json.loads(settings.read_text())
+    data["theme"] = "Dracula"  # the user, or Gemini CLI, changed something meanwhile
+    settings.write_text(json.dumps(data))
+    [server, _hook] = uninstall("gemini", "user", project, home=home)
+    assert server.outcome == "removed" and server.backup is not None
+    assert json.loads(settings.read_text()) == {**GEMINI_SETTINGS, "theme": "Dracula"}
+
+
+@pytest.mark.parametrize("agent", ["claude", "codex", "gemini"])
+def test_a_file_install_created_is_gone_after_uninstall_with_no_backup(
+    agent: str, tmp_path: Path, project: Path
+) -> None:
+    """Gemini's settings.json holds the server and the hook: two edits of a file install made."""
+    home = tmp_path / "empty-home"
+    home.mkdir()
+    install(agent, "user", project, hook=True, home=home, program="memory-mcp", env={})  # type: ignore[arg-type]
+    assert not list(home.rglob("*.memory-mcp.bak")), "a file of ours alone is not a user's file"
+    uninstall(agent, "user", project, home=home)  # type: ignore[arg-type]
+    assert [p for p in home.rglob("*") if p.is_file()] == []
 
 
 def test_a_symlinked_dotfile_is_edited_in_place(home: Path, project: Path, tmp_path: Path) -> None:
@@ -206,8 +235,8 @@ def test_a_symlinked_dotfile_is_edited_in_place(home: Path, project: Path, tmp_p
 
 def test_a_program_path_with_spaces_is_quoted_and_recognised(home: Path, project: Path) -> None:
     program = "/Users/Jane Doe/.local/bin/memory-mcp"
-    install("claude", "user", project, hook=True, home=home, program=program)
-    install("claude", "user", project, hook=True, home=home, program=program)
+    install("claude", "user", project, hook=True, home=home, program=program, env={})
+    install("claude", "user", project, hook=True, home=home, program=program, env={})
     settings = json.loads((home / ".claude" / "settings.json").read_text())
     ours = [
         h["command"]
@@ -215,25 +244,37 @@ def test_a_program_path_with_spaces_is_quoted_and_recognised(home: Path, project
         for h in g["hooks"]
         if "memory-mcp" in h["command"]
     ]
-    assert ours == ["'/Users/Jane Doe/.local/bin/memory-mcp' brief --hook"]
+    assert ours == ["'/Users/Jane Doe/.local/bin/memory-mcp' brief --hook --agent claude"]
     uninstall("claude", "user", project, home=home)
     assert json.loads((home / ".claude" / "settings.json").read_text()) == CLAUDE_SETTINGS
 
 
 def test_reinstall_keeps_the_users_additions(home: Path, project: Path) -> None:
-    install("gemini", "user", project, hook=True, home=home, program="memory-mcp")
+    env = {"MEMORY_MCP_DATA_DIR": "/data"}
+    install("gemini", "user", project, hook=True, home=home, program="memory-mcp", env=env)
     path = home / ".gemini" / "settings.json"
     settings = json.loads(path.read_text())
-    settings["mcpServers"]["memory"]["env"] = {"MEMORY_MCP_DATA_DIR": "/data"}
+    settings["mcpServers"]["memory"]["env"]["HTTPS_PROXY"] = "http://proxy:3128"
+    settings["mcpServers"]["memory"]["timeout"] = 30000
     for group in settings["hooks"]["SessionStart"]:
         for handler in group["hooks"]:
-            if handler["command"] == "memory-mcp brief --hook":
-                handler["command"] = "memory-mcp brief --hook --budget 600"
+            if handler["command"] == "memory-mcp brief --hook --agent gemini":
+                handler["command"] += " --budget 600"
     path.write_text(json.dumps(settings))
-    changes = install("gemini", "user", project, hook=True, home=home, program="memory-mcp")
+    changes = install(
+        "gemini", "user", project, hook=True, home=home, program="memory-mcp", env=env
+    )
     assert {c.outcome for c in changes} == {"unchanged"}
     again = json.loads(path.read_text())
-    assert again["mcpServers"]["memory"]["env"] == {"MEMORY_MCP_DATA_DIR": "/data"}
+    assert again["mcpServers"]["memory"]["env"] == {
+        "MEMORY_MCP_DATA_DIR": "/data",
+        "HTTPS_PROXY": "http://proxy:3128",
+    }
+    moved = {"MEMORY_MCP_DATA_DIR": "/elsewhere"}
+    changes = install("gemini", "user", project, home=home, program="memory-mcp", env=moved)
+    assert changes[0].outcome == "updated"
+    entry = json.loads(path.read_text())["mcpServers"]["memory"]
+    assert entry["env"]["MEMORY_MCP_DATA_DIR"] == "/elsewhere" and entry["timeout"] == 30000
 
 
 def test_a_server_entry_without_args_is_someone_elses(home: Path, project: Path) -> None:
@@ -242,3 +283,86 @@ def test_a_server_entry_without_args_is_someone_elses(home: Path, project: Path)
     (home / ".claude.json").write_text(json.dumps(data))
     with pytest.raises(InvalidInput, match="different MCP server named 'memory'"):
         install("claude", "user", project, home=home, program="memory-mcp")
+
+
+# What the servers are given, and what the user is told -----------------------------------
+
+
+def test_each_clis_server_entry_carries_the_settings_and_names_the_secrets(
+    tmp_path: Path, project: Path
+) -> None:
+    """Codex gives its servers a minimal environment: the entry itself must carry them."""
+    home = tmp_path / "h"
+    home.mkdir()
+    env = {
+        "HOME": str(home),
+        "PATH": "/usr/bin",
+        "MEMORY_MCP_DATA_DIR": "/team/store",
+        "MEMORY_MCP_EMBEDDER_MODEL_PATH": "/models/minilm",
+        "MEMORY_MCP_EMBEDDER_OPENAI_API_KEY": "sk-secret-value",
+    }
+    for agent in ("claude", "codex", "gemini"):
+        install(agent, "user", project, home=home, program="memory-mcp", env=env)  # type: ignore[arg-type]
+    for path in (home / ".claude.json", home / ".gemini" / "settings.json"):
+        entry = json.loads(path.read_text())["mcpServers"]["memory"]
+        assert entry["env"] == {
+            "MEMORY_MCP_DATA_DIR": "/team/store",
+            "MEMORY_MCP_EMBEDDER_MODEL_PATH": "/models/minilm",
+            "MEMORY_MCP_EMBEDDER_OPENAI_API_KEY": "${MEMORY_MCP_EMBEDDER_OPENAI_API_KEY}",
+        }
+    import tomllib
+
+    codex = tomllib.loads((home / ".codex" / "config.toml").read_text())["mcp_servers"]["memory"]
+    assert codex["env"] == {
+        "MEMORY_MCP_DATA_DIR": "/team/store",
+        "MEMORY_MCP_EMBEDDER_MODEL_PATH": "/models/minilm",
+    }
+    assert codex["env_vars"] == ["MEMORY_MCP_EMBEDDER_OPENAI_API_KEY"]
+    written = "".join(p.read_text() for p in home.rglob("*") if p.is_file())
+    assert "sk-secret-value" not in written and "MEMORY_MCP_EMBEDDER_OPENAI_API_KEY" in written
+    for agent in ("claude", "codex", "gemini"):
+        uninstall(agent, "user", project, home=home)  # type: ignore[arg-type]
+    assert [p for p in home.rglob("*") if p.is_file()] == []
+
+
+def test_a_store_found_through_xdg_variables_is_written_out(tmp_path: Path) -> None:
+    home = tmp_path / "h"
+    env = {"HOME": str(home), "XDG_DATA_HOME": str(tmp_path / "xdg-data")}
+    assert server_env(env).values == {
+        "MEMORY_MCP_DATA_DIR": str(tmp_path / "xdg-data" / "memory-mcp")
+    }
+    config = tmp_path / "xdg-config" / "memory-mcp" / "config.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text('data_dir = "/srv/memory"\n')
+    env = {"HOME": str(home), "XDG_CONFIG_HOME": str(tmp_path / "xdg-config")}
+    assert server_env(env).values == {"MEMORY_MCP_CONFIG": str(config)}
+    assert server_env({"HOME": str(home)}).values == {}  # the defaults: nothing to carry
+
+
+def test_install_says_what_the_user_must_still_do(tmp_path: Path, project: Path) -> None:
+    home = tmp_path / "h"
+    home.mkdir()
+    [codex] = todo("codex", "user", project, hook=True, home=home)
+    assert "/hooks" in codex and "Trust" in codex
+    assert todo("codex", "user", project, hook=False, home=home) == []
+    [gemini] = todo("gemini", "user", project, hook=False, home=home)
+    assert "trust" in gemini and str(project) in gemini
+    (home / ".gemini").mkdir()
+    rules = {str(project): "TRUST_FOLDER"}
+    (home / ".gemini" / "trustedFolders.json").write_text(json.dumps(rules))
+    assert todo("gemini", "user", project, hook=True, home=home) == []
+    [claude] = todo("claude", "project", project, hook=False, home=home)
+    assert ".mcp.json" in claude and "approve" in claude
+    assert todo("claude", "user", project, hook=True, home=home) == []
+
+
+def test_inspect_finds_what_is_installed_where(tmp_path: Path, project: Path) -> None:
+    home = tmp_path / "h"
+    home.mkdir()
+    install("claude", "user", project, hook=True, home=home, program="memory-mcp", env={})
+    install("codex", "project", project, home=home, program="memory-mcp", env={})
+    found = {setup.agent: setup for setup in inspect(project, home=home)}
+    assert (found["claude"].servers, found["claude"].hooks) == (["user"], ["user"])
+    assert (found["codex"].servers, found["codex"].hooks) == (["project"], [])
+    assert any("trusted project" in step for step in found["codex"].todo)
+    assert (found["gemini"].servers, found["gemini"].hooks) == ([], [])

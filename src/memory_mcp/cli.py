@@ -389,6 +389,12 @@ def forget(
         out.print(f"{record.id} archived ({record.archived_reason})")
 
 
+class CliChoice(StrEnum):
+    claude = "claude"
+    codex = "codex"
+    gemini = "gemini"
+
+
 @app.command()
 def brief(
     budget: Annotated[
@@ -402,6 +408,14 @@ def brief(
             help="Print it as a SessionStart hook's JSON (Claude Code, Codex, Gemini CLI).",
         ),
     ] = False,
+    agent: Annotated[
+        CliChoice | None,
+        typer.Option(
+            "--agent",
+            help="With --hook: the CLI running it; nothing is printed when that CLI's prompt "
+            "file already holds an injected brief (it would arrive twice).",
+        ),
+    ] = None,
     cwd: CwdOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -410,6 +424,12 @@ def brief(
 
     if hook and cwd is None:
         cwd = _hook_cwd()
+    if hook and agent is not None:
+        from memory_mcp.inject import injected
+
+        if injected(project_root(cwd), agent.value):
+            typer.echo("{}")  # the CLI reads the brief from its prompt file already
+            return
 
     async def use(memory: MemoryService) -> Any:
         return await build_brief(memory, cwd, budget=budget)
@@ -536,17 +556,19 @@ def uninject(
 )
 def run(
     ctx: typer.Context,
-    agent: Annotated[AgentChoice, typer.Argument(help="claude, codex or gemini.")],
+    agent: Annotated[CliChoice, typer.Argument(help="claude, codex or gemini.")],
     imports: Annotated[bool, typer.Option("--import", help="As inject --import.")] = False,
 ) -> None:
     """Refresh the brief, then become the agent CLI: memory-mcp run claude -- ARGS."""
-    if agent is AgentChoice.all:
-        err.print("error: run starts one CLI: claude, codex or gemini")
-        raise typer.Exit(2)
+    import shutil
+
     program = agent.value
+    if shutil.which(program) is None:  # before any file is touched
+        err.print(f"error: {program} is not installed (not on PATH); nothing was changed")
+        raise typer.Exit(127)
     try:
         with _engine_errors():
-            _inject(None, _agents(agent), imports)
+            _inject(None, (agent.value,), imports)
     except typer.Exit as stop:
         if stop.exit_code not in (0, None):
             err.print(f"memory-mcp: starting {program} without a fresh brief")
@@ -572,38 +594,42 @@ ScopeOption = Annotated[
 NameOption = Annotated[str, typer.Option("--name", help="The MCP server's name in the CLI.")]
 
 
-def _install_args(agent: AgentChoice, scope: str) -> tuple[Agent, InstallScope]:
-    if agent is AgentChoice.all:
-        err.print("error: name one CLI: claude, codex or gemini")
-        raise typer.Exit(2)
+def _install_args(agent: AgentChoice, scope: str) -> tuple[tuple[Agent, ...], InstallScope]:
     if scope not in ("user", "project"):
         err.print(f"error: --scope must be user or project, got {scope!r}")
         raise typer.Exit(2)
-    return cast("Agent", agent.value), cast("InstallScope", scope)
+    return _agents(agent), cast("InstallScope", scope)
 
 
-def _report_config(changes: list[ConfigChange], as_json: bool) -> None:
+def _report_config(changes: list[ConfigChange], as_json: bool, todo: list[str]) -> None:
     if as_json:
         _print_json(
-            [
-                {
-                    "path": str(c.path),
-                    "outcome": c.outcome,
-                    "what": c.what,
-                    "backup": str(c.backup) if c.backup else None,
-                }
-                for c in changes
-            ]
+            {
+                "changes": [
+                    {
+                        "path": str(c.path),
+                        "outcome": c.outcome,
+                        "what": c.what,
+                        "backup": str(c.backup) if c.backup else None,
+                        "note": c.note,
+                    }
+                    for c in changes
+                ],
+                "todo": todo,
+            }
         )
         return
     for change in changes:
         backup = f" (backup: {change.backup})" if change.backup else ""
-        out.print(f"{change.path}: {change.what} {change.outcome}{backup}")
+        note = f" ({change.note})" if change.note else ""
+        out.print(f"{change.path}: {change.what} {change.outcome}{backup}{note}")
+    for step in todo:
+        out.print(f"to do: {step}")
 
 
 @app.command()
 def install(
-    agent: Annotated[AgentChoice, typer.Argument(help="claude, codex or gemini.")],
+    agent: Annotated[AgentChoice, typer.Argument(help="claude, codex, gemini or all.")],
     scope: ScopeOption = "user",
     hook: Annotated[
         bool,
@@ -615,20 +641,29 @@ def install(
     cwd: CwdOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Register the MCP server (and, with --hook, the brief at session start) in a CLI's config."""
+    """Register the MCP server (and, with --hook, the brief at session start) in a CLI's config.
+
+    The server entry carries the settings this shell has (MEMORY_MCP_*, and where
+    the store is), so that every CLI's server uses the same store; run it again
+    after changing them.
+    """
     from memory_mcp.install import install as add
+    from memory_mcp.install import todo
 
     which, where = _install_args(agent, scope)
+    root = project_root(cwd)
+    changes: list[ConfigChange] = []
+    steps: list[str] = []
     with _engine_errors():
-        changes = add(which, where, project_root(cwd), hook=hook, name=name)
-    _report_config(changes, as_json)
-    if hook and which == "codex" and not as_json:
-        out.print("note: older Codex builds run hooks only with [features] codex_hooks = true")
+        for cli in which:
+            changes += add(cli, where, root, hook=hook, name=name)
+            steps += todo(cli, where, root, hook=hook)
+    _report_config(changes, as_json, steps)
 
 
 @app.command()
 def uninstall(
-    agent: Annotated[AgentChoice, typer.Argument(help="claude, codex or gemini.")],
+    agent: Annotated[AgentChoice, typer.Argument(help="claude, codex, gemini or all.")],
     scope: ScopeOption = "user",
     name: NameOption = "memory",
     cwd: CwdOption = None,
@@ -638,9 +673,11 @@ def uninstall(
     from memory_mcp.install import uninstall as remove
 
     which, where = _install_args(agent, scope)
+    changes: list[ConfigChange] = []
     with _engine_errors():
-        changes = remove(which, where, project_root(cwd), name=name)
-    _report_config(changes, as_json)
+        for cli in which:
+            changes += remove(cli, where, project_root(cwd), name=name)
+    _report_config(changes, as_json, [])
 
 
 @app.command()
@@ -650,8 +687,11 @@ def status(cwd: CwdOption = None, as_json: JsonOption = False) -> None:
     async def use(memory: MemoryService) -> Status:
         return await memory.status()
 
+    from memory_mcp.install import inspect
+
     info = _with_memory(cwd, use, embeds=False)
     project = str(project_root(cwd))
+    agents = inspect(project_root(cwd))
     if as_json:
         data = asdict(info)
         data["project"] = project
@@ -659,6 +699,7 @@ def status(cwd: CwdOption = None, as_json: JsonOption = False) -> None:
             {"corpus": c, "scope": s, "state": st, "count": n}
             for (c, s, st), n in info.stats.records.items()
         ]
+        data["agents"] = [setup.to_json() for setup in agents]
         _print_json(data)
         return
     e = info.embedder
@@ -670,6 +711,8 @@ def status(cwd: CwdOption = None, as_json: JsonOption = False) -> None:
         out.print(f"store vectors   {e.identity}")
     if e.degraded:
         out.print(f"degraded        {e.reason}")
+    elif e.state == "available":
+        out.print(f"model           {e.reason.removeprefix('not loaded by this command; ')}")
     out.print(f"awaiting embed  {info.awaiting_embedding}")
     out.print(f"project         {project}")
     out.print(f"settings        {', '.join(info.settings_sources) or 'defaults'}")
@@ -684,6 +727,17 @@ def status(cwd: CwdOption = None, as_json: JsonOption = False) -> None:
         out.print("records         none yet")
     out.print(f"open conflicts  {info.stats.open_conflicts}")
     _print_tasks(info)
+    out.print("agent CLIs (memory-mcp install)")
+    out.table(
+        ("cli", "server", "session-start hook"),
+        [
+            [s.agent, ", ".join(s.servers) or "not installed", ", ".join(s.hooks) or "none"]
+            for s in agents
+        ],
+    )
+    for setup in agents:
+        for step in setup.todo:
+            out.print(f"to do ({setup.agent}): {step}")
 
 
 def _print_tasks(info: Status) -> None:

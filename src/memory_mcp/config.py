@@ -477,9 +477,9 @@ class Settings(_Section):
     serve: ServeSettings = msgspec.field(default_factory=ServeSettings)
     maintenance: MaintenanceSettings = msgspec.field(default_factory=MaintenanceSettings)
 
-    def database_path(self) -> Path:
-        """Where the SQLite database lives."""
-        base = Path(self.data_dir).expanduser() if self.data_dir else default_data_dir()
+    def database_path(self, env: Mapping[str, str] | None = None) -> Path:
+        """Where the SQLite database lives (for a process with environment ``env``)."""
+        base = Path(self.data_dir).expanduser() if self.data_dir else default_data_dir(env)
         return base / "memory.db"
 
 
@@ -557,14 +557,15 @@ class LoadedSettings:
     sources: list[str] = field(default_factory=list)
 
 
-def default_data_dir() -> Path:
+def default_data_dir(env: Mapping[str, str] | None = None) -> Path:
     """The platform's per-user data directory for memory-mcp."""
+    env = os.environ if env is None else env
     if sys.platform == "win32":
-        base = os.environ.get("LOCALAPPDATA") or str(Path.home() / "AppData" / "Local")
+        base = env.get("LOCALAPPDATA") or str(Path.home() / "AppData" / "Local")
         return Path(base) / "memory-mcp"
     if sys.platform == "darwin":
         return Path.home() / "Library" / "Application Support" / "memory-mcp"
-    xdg = os.environ.get("XDG_DATA_HOME")
+    xdg = env.get("XDG_DATA_HOME")
     return (Path(xdg) if xdg else Path.home() / ".local" / "share") / "memory-mcp"
 
 

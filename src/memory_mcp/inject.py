@@ -380,6 +380,15 @@ def without_blocks(text: str) -> str:
     return doc.body
 
 
+def injected(root: Path, agent: Agent) -> bool:
+    """Whether ``agent``'s prompt file at ``root`` holds a brief ``inject`` (or ``run``) put there.
+
+    The CLI reads that file at start, so a SessionStart hook must not give the
+    brief a second time.
+    """
+    return _has_block(prompt_file(root, agent))
+
+
 def _has_block(path: Path) -> bool:
     """Whether ``path`` holds a managed block (by the same whole-line rule as ``_find``)."""
     try:

@@ -13,16 +13,25 @@ gemini     ~/.gemini/settings.json        .gemini/settings.json          ``hooks
            ``mcpServers``                 ``mcpServers``                 settings.json
 ========== ============================== ============================== ===========================
 
-Every hook runs ``memory-mcp brief --hook``, whose stdout is the
+Every hook runs ``memory-mcp brief --hook --agent <cli>``, whose stdout is the
 ``{"hookSpecificOutput": {"hookEventName": "SessionStart", "additionalContext": ...}}``
 all three accept.
 
+The server entry carries the settings a server needs in its ``env``
+(``server_env``): Codex starts MCP servers with a minimal environment, so
+``MEMORY_MCP_*`` variables exported in the user's shell would not reach it,
+and every CLI's server must find the same store. Values that are secrets
+(keys, tokens) are not written into the file: each CLI is told to pass them
+on from its own environment by name.
+
 Edits merge into what is there: other servers, hooks and settings are kept
-(Codex's TOML keeps its comments and layout). Before a file is changed it is
-copied to ``<file>.memory-mcp.bak``. Installing twice changes nothing; a
-different server already registered under the same name is refused rather than
-replaced. ``uninstall`` removes exactly the entries ``install`` adds (and the
-containers it had to create, when they are left empty).
+(Codex's TOML keeps its comments and layout). Before a file the user had is
+changed, it is copied to ``<file>.memory-mcp.bak`` (once: the backup is the
+original). Installing twice changes nothing; a different server already
+registered under the same name is refused rather than replaced.
+``uninstall`` removes exactly what ``install`` added: a file install created
+is deleted, a file that is otherwise as it was gets its original bytes back
+(and the backup goes), and one the user changed since keeps those changes.
 """
 
 from __future__ import annotations
@@ -35,15 +44,17 @@ import shlex
 import shutil
 import sys
 import tomllib
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from memory_mcp.config import load_settings, user_config_path
 from memory_mcp.errors import InvalidInput
-from memory_mcp.inject import Agent, atomic_write
+from memory_mcp.inject import AGENTS, Agent, atomic_write
 
 InstallScope = Literal["user", "project"]
+SCOPES: tuple[InstallScope, ...] = ("user", "project")
 SERVER_NAME = "memory"
 HOOK_ARGS = ("brief", "--hook")
 _MATCHERS: dict[Agent, str | None] = {
@@ -51,6 +62,10 @@ _MATCHERS: dict[Agent, str | None] = {
     "codex": "startup|resume|clear",
     "gemini": None,  # lifecycle matchers are exact strings; no matcher: every start
 }
+# What Codex passes an MCP server of the user's environment (codex-rs, rmcp-client's
+# default list); a server must find its settings with nothing more.
+MINIMAL_ENV = ("HOME", "LOGNAME", "PATH", "SHELL", "USER", "LANG", "LC_ALL", "TERM", "TMPDIR", "TZ")
+_SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSWORD")
 
 
 @dataclass(frozen=True)
@@ -58,9 +73,46 @@ class ConfigChange:
     """One configuration file and what ``install`` / ``uninstall`` did to it."""
 
     path: Path
-    outcome: Literal["added", "unchanged", "removed", "absent"]
+    outcome: Literal["added", "updated", "unchanged", "removed", "absent"]
     what: str
     backup: Path | None = None
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class ServerEnv:
+    """What a server entry's environment holds: values, and secrets passed on by name."""
+
+    values: dict[str, str] = field(default_factory=dict)
+    forwarded: tuple[str, ...] = ()
+
+
+def server_env(env: Mapping[str, str]) -> ServerEnv:
+    """The settings a server needs from ``env`` (the installing shell's environment).
+
+    Every ``MEMORY_MCP_*`` variable (secrets by name only), plus where the store
+    and the user's config file are when the shell finds them through variables
+    a CLI may not pass on (``XDG_DATA_HOME``, ``XDG_CONFIG_HOME``).
+    """
+    values: dict[str, str] = {}
+    forwarded: list[str] = []
+    for name, value in sorted(env.items()):
+        if name.startswith("MEMORY_MCP_"):
+            if _SECRET.search(name.removeprefix("MEMORY_MCP_")):
+                forwarded.append(name)
+            else:
+                values[name] = value
+    minimal = {k: env[k] for k in MINIMAL_ENV if k in env}
+    config = user_config_path(env)
+    if config.is_file() and user_config_path({**minimal, **values}) != config:
+        values["MEMORY_MCP_CONFIG"] = str(config)
+    if "MEMORY_MCP_DATA_DIR" not in values:
+        seen = {k: v for k, v in env.items() if k not in forwarded}
+        store = load_settings(env=seen).settings.database_path(seen)
+        theirs = {**minimal, **values}
+        if load_settings(env=theirs).settings.database_path(theirs) != store:
+            values["MEMORY_MCP_DATA_DIR"] = str(store.parent)
+    return ServerEnv(dict(sorted(values.items())), tuple(forwarded))
 
 
 def command() -> str:
@@ -93,6 +145,15 @@ def hook_path(agent: Agent, scope: InstallScope, root: Path, home: Path) -> Path
 # File formats ---------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class _Format:
+    """How to read, write and compare one kind of configuration file."""
+
+    load: Callable[[Path], Any]
+    dump: Callable[[Any], str]
+    parsed: Callable[[Any, Path], Any]  # what two versions are compared by
+
+
 def _load_json(path: Path) -> dict[str, Any]:
     if not path.exists():
         return {}
@@ -111,49 +172,87 @@ def _dump_json(data: dict[str, Any]) -> str:
     return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
 
 
+def _load_text(path: Path) -> dict[str, str]:
+    return {"text": path.read_text(encoding="utf-8") if path.exists() else ""}
+
+
+def _dump_text(holder: dict[str, str]) -> str:
+    return holder["text"]
+
+
+_JSON = _Format(_load_json, _dump_json, lambda data, _path: data)
+_TOML = _Format(_load_text, _dump_text, lambda holder, path: _parse_toml(holder["text"], path))
+
+
 def _edit(
     path: Path,
-    load: Callable[[Path], Any],
-    dump: Callable[[Any], str],
+    form: _Format,
     change: Callable[[Any], str],
+    remove_ours: Callable[[Any], object],
 ) -> ConfigChange:
-    """Apply ``change`` to the parsed file; write it (after a backup) only if it changed.
+    """Apply ``change`` to the parsed file; write it only if it changed.
 
-    ``change`` returns what it did: "added", "removed" or "unchanged".
+    ``change`` returns what it did: "added", "updated", "removed" or "unchanged".
+    ``remove_ours`` takes every entry of ours out of a parsed copy: a file that
+    holds nothing else was made by install, so it is never backed up as if it
+    were the user's, and it is deleted when the last of ours goes.
     """
-    data = load(path)
-    before = dump(data) if path.exists() else None
-    outcome = change(data)
-    after = dump(data)
-    if outcome == "unchanged" or after == before:
-        return ConfigChange(path, "unchanged" if path.exists() else "absent", "")
     real = Path(os.path.realpath(path))  # a symlinked dotfile: edit the file it points to
-    original = real.with_name(real.name + ".memory-mcp.bak")
-    if outcome == "removed" and not original.exists() and after.strip() in ("", "{}"):
-        # No backup of an original: install created this file, and it holds nothing else.
+    data = form.load(real)
+    existed = real.exists()
+    outcome = change(data)
+    after = form.dump(data)
+    if outcome == "unchanged" or (existed and after == real.read_text(encoding="utf-8")):
+        return ConfigChange(path, "unchanged" if existed else "absent", "")
+    backup = real.with_name(real.name + ".memory-mcp.bak")
+    if outcome == "removed":
+        return _remove(path, real, backup, form, data, after)
+    if existed and not backup.exists() and not _only_ours(form.load(real), form, remove_ours):
+        shutil.copy2(real, backup)  # the original, kept until uninstall gives it back
+    real.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(real, after.encode("utf-8"))
+    made = outcome if outcome in ("added", "updated") else "added"
+    return ConfigChange(path, made, "", backup if backup.exists() else None)  # type: ignore[arg-type]
+
+
+def _only_ours(data: Any, form: _Format, remove_ours: Callable[[Any], object]) -> bool:
+    stripped = copy.deepcopy(data)
+    remove_ours(stripped)
+    return form.dump(stripped).strip() in ("", "{}")
+
+
+def _remove(
+    path: Path, real: Path, backup: Path, form: _Format, data: Any, after: str
+) -> ConfigChange:
+    """Write ``after`` (the file without an entry of ours), as close to the original as can be."""
+    if backup.exists():
+        original = form.load(backup)
+        if form.parsed(original, backup) == form.parsed(data, real):
+            atomic_write(real, backup.read_bytes())  # nothing else changed: the original bytes
+            backup.unlink()
+            return ConfigChange(path, "removed", "", note="restored byte for byte")
+        atomic_write(real, after.encode("utf-8"))
+        return ConfigChange(
+            path, "removed", "", backup, "changed since install: the original stays in the backup"
+        )
+    if after.strip() in ("", "{}"):  # install created it, and it holds nothing else
         real.unlink()
         if real.parent.name in (".claude", ".codex", ".gemini") and not any(real.parent.iterdir()):
             real.parent.rmdir()  # the folder it created for it, too
-        return ConfigChange(path, "removed", "file removed")
-    backup = None
-    if real.exists():
-        # The first backup is the original: it is never overwritten, so a file edited
-        # twice (Gemini's settings.json holds the server and the hook) keeps it too.
-        backup = original
-        if not backup.exists():
-            shutil.copy2(real, backup)
-    real.parent.mkdir(parents=True, exist_ok=True)
+        return ConfigChange(path, "removed", "", note="file removed")
     atomic_write(real, after.encode("utf-8"))
-    return ConfigChange(path, "added" if outcome == "added" else "removed", "", backup)
+    return ConfigChange(path, "removed", "")
 
 
 # MCP server entries ---------------------------------------------------------------------
 
 
-def _server_entry(agent: Agent, program: str) -> dict[str, Any]:
+def _server_entry(agent: Agent, program: str, senv: ServerEnv) -> dict[str, Any]:
+    env = {**senv.values, **{name: "${" + name + "}" for name in senv.forwarded}}
     entry: dict[str, Any] = {"command": program, "args": ["serve"]}
     if agent == "claude":
-        entry = {"type": "stdio", **entry, "env": {}}
+        entry = {"type": "stdio", **entry}
+    entry["env"] = env
     return entry
 
 
@@ -170,39 +269,41 @@ def _ours(entry: Any) -> bool:
     )
 
 
-def _already(existing: Any, name: str, program: str, where: Path) -> bool:
-    """Whether ``existing`` is our entry for ``program`` already (the user may have added
-    to it: env, timeouts); a different server under ``name`` is refused.
+def _check_name(existing: Any, name: str, where: Path) -> None:
+    """A different server under ``name`` is refused.
 
     Raises:
         InvalidInput: ``name`` belongs to another server.
     """
-    if existing is None:
-        return False
-    if not _ours(existing):
+    if existing is not None and not _ours(existing):
         raise InvalidInput(
             f"{where} already registers a different MCP server named {name!r}; remove it or "
             "install under another name (--name)"
         )
-    return bool(existing.get("command") == program)
 
 
 def _set_server(servers: Any, name: str, entry: dict[str, Any], where: Path) -> str:
     existing = servers.get(name)
-    if _already(existing, name, entry["command"], where):
+    _check_name(existing, name, where)
+    # The user's own additions to our entry (timeouts, other variables) stay.
+    env = {**(existing or {}).get("env", {}), **entry["env"]}
+    merged = {**(existing or {}), **entry, "env": env}
+    if merged == existing:
         return "unchanged"
-    servers[name] = {**(existing or {}), **entry}
-    return "added"
+    servers[name] = merged
+    return "added" if existing is None else "updated"
 
 
-def _add_json_server(agent: Agent, name: str, program: str, path: Path) -> ConfigChange:
+def _add_json_server(
+    agent: Agent, name: str, program: str, senv: ServerEnv, path: Path
+) -> ConfigChange:
     def change(data: dict[str, Any]) -> str:
         servers = data.setdefault("mcpServers", {})
         if not isinstance(servers, dict):
             raise InvalidInput(f"{path}: mcpServers is not an object")
-        return _set_server(servers, name, _server_entry(agent, program), path)
+        return _set_server(servers, name, _server_entry(agent, program, senv), path)
 
-    return _with_what(_edit(path, _load_json, _dump_json, change), f"MCP server {name!r}")
+    return _with_what(_edit(path, _JSON, change, _strip_json(name)), f"MCP server {name!r}")
 
 
 def _remove_json_server(name: str, path: Path) -> ConfigChange:
@@ -215,15 +316,21 @@ def _remove_json_server(name: str, path: Path) -> ConfigChange:
             del data["mcpServers"]
         return "removed"
 
-    return _with_what(_edit(path, _load_json, _dump_json, change), f"MCP server {name!r}")
+    return _with_what(_edit(path, _JSON, change, _strip_json(name)), f"MCP server {name!r}")
 
 
-def _load_text(path: Path) -> dict[str, str]:
-    return {"text": path.read_text(encoding="utf-8") if path.exists() else ""}
+def _strip_json(name: str) -> Callable[[Any], object]:
+    """Take our server entry and our hooks out of a parsed JSON configuration."""
 
+    def strip(data: dict[str, Any]) -> None:
+        servers = data.get("mcpServers")
+        if isinstance(servers, dict) and _ours(servers.get(name)):
+            del servers[name]
+            if not servers:
+                del data["mcpServers"]
+        _without_our_hooks(data)
 
-def _dump_text(holder: dict[str, str]) -> str:
-    return holder["text"]
+    return strip
 
 
 def _parse_toml(text: str, path: Path) -> dict[str, Any]:
@@ -242,12 +349,27 @@ def _toml_servers(data: dict[str, Any], path: Path) -> dict[str, Any]:
     return servers
 
 
-def _toml_block(name: str, program: str) -> str:
-    # A TOML basic string takes JSON's escapes.
-    return f'[mcp_servers.{name}]\ncommand = {json.dumps(program)}\nargs = ["serve"]\n'
+def _toml_block(name: str, program: str, senv: ServerEnv) -> str:
+    """Our ``[mcp_servers.<name>]`` table: a TOML basic string takes JSON's escapes."""
+    lines = [f"[mcp_servers.{name}]", f"command = {json.dumps(program)}", 'args = ["serve"]']
+    if senv.values:
+        pairs = ", ".join(f"{k} = {json.dumps(v)}" for k, v in senv.values.items())
+        lines.append(f"env = {{ {pairs} }}")
+    if senv.forwarded:  # Codex passes these on from its own environment, by name
+        lines.append(f"env_vars = {json.dumps(list(senv.forwarded))}")
+    return "\n".join(lines) + "\n"
 
 
-def _add_toml_server(name: str, program: str, path: Path) -> ConfigChange:
+def _toml_entry(program: str, senv: ServerEnv) -> dict[str, Any]:
+    entry: dict[str, Any] = {"command": program, "args": ["serve"]}
+    if senv.values:
+        entry["env"] = dict(senv.values)
+    if senv.forwarded:
+        entry["env_vars"] = list(senv.forwarded)
+    return entry
+
+
+def _add_toml_server(name: str, program: str, senv: ServerEnv, path: Path) -> ConfigChange:
     """Append ``[mcp_servers.<name>]`` as text: the rest of the file is not touched.
 
     The result is parsed again and must equal the old configuration plus this one
@@ -259,38 +381,37 @@ def _add_toml_server(name: str, program: str, path: Path) -> ConfigChange:
         text = holder["text"]
         data = _parse_toml(text, path)
         existing = _toml_servers(data, path).get(name)
-        if _already(existing, name, program, path):
+        _check_name(existing, name, path)
+        wanted = _toml_entry(program, senv)
+        if existing == wanted:
             return "unchanged"
-        if existing is not None:  # ours, from another path: take it out first
+        if existing is not None:  # ours, as another install wrote it: take it out first
             text = _without_toml_server(text, name, path)
             data = _parse_toml(text, path)
-        block = _toml_block(name, program)
         updated = (
             text
             + ("" if not text or text.endswith("\n\n") else "\n" if text.endswith("\n") else "\n\n")
-            + block
+            + _toml_block(name, program, senv)
         )
         expected = json.loads(json.dumps(data))
-        expected.setdefault("mcp_servers", {})[name] = {
-            **(existing or {}),
-            "command": program,
-            "args": ["serve"],
-        }
+        expected.setdefault("mcp_servers", {})[name] = wanted
         if _parse_toml(updated, path) != expected:
             raise InvalidInput(
                 f"{path}: adding [mcp_servers.{name}] at the end would change other settings "
                 "(is mcp_servers set with dotted keys?); add it by hand"
             )
         holder["text"] = updated
-        return "added"
+        return "added" if existing is None else "updated"
 
-    return _with_what(_edit(path, _load_text, _dump_text, change), f"[mcp_servers.{name}]")
+    strip = _strip_toml(name, path)
+    return _with_what(_edit(path, _TOML, change, strip), f"[mcp_servers.{name}]")
 
 
 def _without_toml_server(text: str, name: str, path: Path) -> str:
     """``text`` without the ``[mcp_servers.<name>]`` table install appended."""
     pattern = re.compile(
         rf"\n?\[mcp_servers\.{re.escape(name)}\]\ncommand = [^\n]*\nargs = \[\"serve\"\]\n"
+        r"(?:env = \{[^\n]*\}\n)?(?:env_vars = \[[^\n]*\]\n)?"
     )
     data = _parse_toml(text, path)
     expected = copy.deepcopy(data)
@@ -307,6 +428,14 @@ def _without_toml_server(text: str, name: str, path: Path) -> str:
     )
 
 
+def _strip_toml(name: str, path: Path) -> Callable[[Any], object]:
+    def strip(holder: dict[str, str]) -> None:
+        if _ours(_toml_servers(_parse_toml(holder["text"], path), path).get(name)):
+            holder["text"] = _without_toml_server(holder["text"], name, path)
+
+    return strip
+
+
 def _remove_toml_server(name: str, path: Path) -> ConfigChange:
     def change(holder: dict[str, str]) -> str:
         data = _parse_toml(holder["text"], path)
@@ -315,14 +444,21 @@ def _remove_toml_server(name: str, path: Path) -> ConfigChange:
         holder["text"] = _without_toml_server(holder["text"], name, path)
         return "removed"
 
-    return _with_what(_edit(path, _load_text, _dump_text, change), f"[mcp_servers.{name}]")
+    strip = _strip_toml(name, path)
+    return _with_what(_edit(path, _TOML, change, strip), f"[mcp_servers.{name}]")
 
 
 # SessionStart hooks ----------------------------------------------------------------------
 
 
+def hook_words(program: str, agent: Agent) -> list[str]:
+    """The hook's command line: the brief, for ``agent`` (which then skips it when the
+    agent's prompt file already carries an injected brief)."""
+    return [program, *HOOK_ARGS, "--agent", agent]
+
+
 def _hook_handler(agent: Agent, program: str) -> dict[str, Any]:
-    handler: dict[str, Any] = {"type": "command", "command": shlex.join([program, *HOOK_ARGS])}
+    handler: dict[str, Any] = {"type": "command", "command": shlex.join(hook_words(program, agent))}
     if agent == "gemini":
         handler = {"name": "memory-mcp-brief", **handler, "timeout": 10000}  # milliseconds
     else:
@@ -348,7 +484,7 @@ def _is_our_hook(handler: Any) -> bool:
     )
 
 
-def _add_hook(agent: Agent, program: str, path: Path) -> ConfigChange:
+def _add_hook(agent: Agent, program: str, path: Path, name: str) -> ConfigChange:
     def change(data: dict[str, Any]) -> str:
         hooks = data.setdefault("hooks", {})
         if not isinstance(hooks, dict):
@@ -356,55 +492,60 @@ def _add_hook(agent: Agent, program: str, path: Path) -> ConfigChange:
         groups = hooks.setdefault("SessionStart", [])
         if not isinstance(groups, list):
             raise InvalidInput(f"{path}: hooks.SessionStart is not a list")
-        wanted = _hook_handler(agent, program)
         for group in groups:
             for handler in group.get("hooks", []) if isinstance(group, dict) else []:
                 if _is_our_hook(handler):
                     words = _hook_words(handler)
-                    if words[0] == program:
-                        return "unchanged"  # ours, perhaps with the user's own flags
-                    handler["command"] = shlex.join([program, *words[1:]])
-                    return "added"
-        added: dict[str, Any] = {"hooks": [wanted]}
+                    wanted = [program, *words[1:]]  # the user's own flags stay
+                    if "--agent" not in wanted:
+                        wanted += ["--agent", agent]
+                    if words == wanted:
+                        return "unchanged"
+                    handler["command"] = shlex.join(wanted)
+                    return "updated"
+        added: dict[str, Any] = {"hooks": [_hook_handler(agent, program)]}
         if _MATCHERS[agent]:
             added = {"matcher": _MATCHERS[agent], **added}
         groups.append(added)
         return "added"
 
-    return _with_what(_edit(path, _load_json, _dump_json, change), "SessionStart hook")
+    return _with_what(_edit(path, _JSON, change, _strip_json(name)), "SessionStart hook")
 
 
-def _remove_hook(path: Path) -> ConfigChange:
-    def change(data: dict[str, Any]) -> str:
-        hooks = data.get("hooks")
-        groups = hooks.get("SessionStart") if isinstance(hooks, dict) else None
-        if not isinstance(groups, list):
-            return "unchanged"
-        removed = False
-        for group in list(groups):
-            if not isinstance(group, dict) or not isinstance(group.get("hooks"), list):
-                continue
-            kept = [h for h in group["hooks"] if not _is_our_hook(h)]
-            if len(kept) != len(group["hooks"]):
-                removed = True
-                if kept:
-                    group["hooks"] = kept
-                else:
-                    groups.remove(group)
-        if not removed:
-            return "unchanged"
-        assert isinstance(hooks, dict)
-        if not groups:
-            del hooks["SessionStart"]
-        if not hooks:
-            del data["hooks"]
-        return "removed"
+def _without_our_hooks(data: dict[str, Any]) -> str:
+    """Take our SessionStart hooks out of ``data``; "removed" if there were any."""
+    hooks = data.get("hooks")
+    groups = hooks.get("SessionStart") if isinstance(hooks, dict) else None
+    if not isinstance(groups, list):
+        return "unchanged"
+    removed = False
+    for group in list(groups):
+        if not isinstance(group, dict) or not isinstance(group.get("hooks"), list):
+            continue
+        kept = [h for h in group["hooks"] if not _is_our_hook(h)]
+        if len(kept) != len(group["hooks"]):
+            removed = True
+            if kept:
+                group["hooks"] = kept
+            else:
+                groups.remove(group)
+    if not removed:
+        return "unchanged"
+    assert isinstance(hooks, dict)
+    if not groups:
+        del hooks["SessionStart"]
+    if not hooks:
+        del data["hooks"]
+    return "removed"
 
-    return _with_what(_edit(path, _load_json, _dump_json, change), "SessionStart hook")
+
+def _remove_hook(path: Path, name: str) -> ConfigChange:
+    strip = _strip_json(name)
+    return _with_what(_edit(path, _JSON, _without_our_hooks, strip), "SessionStart hook")
 
 
 def _with_what(change: ConfigChange, what: str) -> ConfigChange:
-    return ConfigChange(change.path, change.outcome, what, change.backup)
+    return ConfigChange(change.path, change.outcome, what, change.backup, change.note)
 
 
 # Entry points ---------------------------------------------------------------------------
@@ -419,8 +560,12 @@ def install(
     name: str = SERVER_NAME,
     home: Path | None = None,
     program: str | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> list[ConfigChange]:
     """Register the MCP server (and, with ``hook``, the SessionStart hook) for ``agent``.
+
+    Args:
+        env: the environment whose settings the server entry carries (``server_env``).
 
     Raises:
         InvalidInput: a configuration file cannot be parsed, or another server
@@ -428,13 +573,14 @@ def install(
     """
     home = home or Path.home()
     program = program or command()
+    senv = server_env(os.environ if env is None else env)
     target = server_path(agent, scope, root, home)
     if agent == "codex":
-        changes = [_add_toml_server(name, program, target)]
+        changes = [_add_toml_server(name, program, senv, target)]
     else:
-        changes = [_add_json_server(agent, name, program, target)]
+        changes = [_add_json_server(agent, name, program, senv, target)]
     if hook:
-        changes.append(_add_hook(agent, program, hook_path(agent, scope, root, home)))
+        changes.append(_add_hook(agent, program, hook_path(agent, scope, root, home), name))
     return changes
 
 
@@ -453,5 +599,148 @@ def uninstall(
         changes = [_remove_toml_server(name, target)]
     else:
         changes = [_remove_json_server(name, target)]
-    changes.append(_remove_hook(hook_path(agent, scope, root, home)))
+    changes.append(_remove_hook(hook_path(agent, scope, root, home), name))
     return changes
+
+
+# What the user must still do, and what is in place ----------------------------------------
+
+
+@dataclass(frozen=True)
+class AgentSetup:
+    """Where memory-mcp is registered for one CLI, and what still stands in its way."""
+
+    agent: Agent
+    servers: list[InstallScope]  # scopes that register the server
+    hooks: list[InstallScope]  # scopes that hold the hook
+    todo: list[str]  # what the user must do before it works
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "agent": self.agent,
+            "servers": self.servers,
+            "hooks": self.hooks,
+            "todo": self.todo,
+        }
+
+
+def todo(
+    agent: Agent, scope: InstallScope, root: Path, *, hook: bool, home: Path | None = None
+) -> list[str]:
+    """What the user must do after ``install`` before ``agent`` uses it, if anything."""
+    home = home or Path.home()
+    steps: list[str] = []
+    if agent == "claude" and scope == "project" and not _claude_approved(root, home):
+        steps.append(
+            "Claude Code asks once to approve the servers of a project's .mcp.json: start "
+            "`claude` here and approve 'memory' (or list it in enabledMcpjsonServers in "
+            ".claude/settings.local.json)."
+        )
+    if agent == "codex":
+        if scope == "project" and not _codex_trusts(root, home):
+            steps.append(
+                "Codex reads .codex/config.toml only in a trusted project: start `codex` "
+                f"in {root} and trust it."
+            )
+        if hook and not _codex_hook_trusted(hook_path(agent, scope, root, home), home):
+            steps.append(
+                "Codex runs a new hook only after you trust it: start `codex`, open /hooks "
+                "(it says a hook needs review) and choose Trust. Until then `codex exec` "
+                "skips it without a word, and sessions start without the brief."
+            )
+    if agent == "gemini" and not _gemini_trusts(root, home):
+        steps.append(
+            "Gemini CLI turns MCP servers and hooks off in folders you have not trusted: "
+            f"start `gemini` in {root} and trust the folder (it asks), or add it to "
+            "~/.gemini/trustedFolders.json as TRUST_FOLDER."
+        )
+    return steps
+
+
+def inspect(root: Path, *, home: Path | None = None, name: str = SERVER_NAME) -> list[AgentSetup]:
+    """Where memory-mcp's server and hook are registered for each CLI, for ``status``."""
+    home = home or Path.home()
+    found = []
+    for agent in AGENTS:
+        servers = [s for s in SCOPES if _has_server(agent, server_path(agent, s, root, home), name)]
+        hooks = [s for s in SCOPES if _has_hook(hook_path(agent, s, root, home))]
+        steps: list[str] = []
+        for scope in dict.fromkeys([*servers, *hooks]):
+            for step in todo(agent, scope, root, hook=scope in hooks, home=home):
+                if step not in steps:
+                    steps.append(step)
+        found.append(AgentSetup(agent, servers, hooks, steps))
+    return found
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return _load_json(path)
+    except InvalidInput:
+        return {}
+
+
+def _has_server(agent: Agent, path: Path, name: str) -> bool:
+    if agent == "codex":
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+            return False
+        servers = data.get("mcp_servers")
+        return isinstance(servers, dict) and _ours(servers.get(name))
+    servers = _read_json(path).get("mcpServers")
+    return isinstance(servers, dict) and _ours(servers.get(name))
+
+
+def _has_hook(path: Path) -> bool:
+    return _without_our_hooks(copy.deepcopy(_read_json(path))) == "removed"
+
+
+def _claude_approved(root: Path, home: Path) -> bool:
+    project = _read_json(home / ".claude.json").get("projects", {}).get(str(root), {})
+    local = _read_json(root / ".claude" / "settings.local.json")
+    approved = [*project.get("enabledMcpjsonServers", []), *local.get("enabledMcpjsonServers", [])]
+    return SERVER_NAME in approved or bool(local.get("enableAllProjectMcpServers"))
+
+
+def _codex_config(home: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads((home / ".codex" / "config.toml").read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+        return {}
+
+
+def _codex_trusts(root: Path, home: Path) -> bool:
+    project = _codex_config(home).get("projects", {}).get(str(root), {})
+    return isinstance(project, dict) and project.get("trust_level") == "trusted"
+
+
+def _codex_hook_trusted(hooks: Path, home: Path) -> bool:
+    """Whether Codex holds a trust decision for a SessionStart hook of ``hooks``.
+
+    Codex keys it ``<hooks.json>:session_start:<group>:<hook>`` with the hash of
+    the hook it trusted; a changed hook needs another review, which only Codex
+    can tell.
+    """
+    state = _codex_config(home).get("hooks", {}).get("state", {})
+    prefix = f"{os.path.realpath(hooks)}:session_start:"
+    return isinstance(state, dict) and any(
+        str(key).startswith(prefix) and isinstance(v, dict) and v.get("trusted_hash")
+        for key, v in state.items()
+    )
+
+
+def _gemini_trusts(root: Path, home: Path) -> bool:
+    settings = _read_json(home / ".gemini" / "settings.json")
+    trust = settings.get("security", {}).get("folderTrust", {})
+    if isinstance(trust, dict) and trust.get("enabled") is False:
+        return True
+    rules = _read_json(home / ".gemini" / "trustedFolders.json")
+    where = Path(os.path.realpath(root))
+    for folder, rule in rules.items():
+        path = Path(os.path.realpath(folder))
+        if rule == "TRUST_FOLDER" and (where == path or path in where.parents):
+            return True
+        if rule == "TRUST_PARENT" and (where == path.parent or path.parent in where.parents):
+            return True
+    return False
