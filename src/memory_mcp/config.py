@@ -101,7 +101,8 @@ class WriteSettings(_Section):
         "redact",
         description=(
             "What to do with secrets (API keys, tokens, private keys, passwords) in stored "
-            "content: redact them, reject the write, or store as is."
+            "content: redact them, reject the write, or store as is. Unless off, searches "
+            "and the brief also redact what they show."
         ),
     )
     max_chars: int = Field(

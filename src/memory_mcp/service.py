@@ -42,7 +42,7 @@ from memory_mcp.records import (
     without_surrogates,
 )
 from memory_mcp.scope import GLOBAL_KEY, Scope, project_scope
-from memory_mcp.search import Candidates, SearchPlan, candidates, fuse
+from memory_mcp.search import Candidates, SearchPlan, candidates, fuse, shown
 from memory_mcp.storage.base import Filters, StoreStats, TaskState, Vector
 from memory_mcp.storage.sqlite import SqliteStore
 from memory_mcp.write import Draft, apply, clean_text, prepare
@@ -131,6 +131,7 @@ class MemoryService:
                 durable_half_life_days=settings.ranking.durable_half_life_days,
                 prior_weight=settings.ranking.prior_weight,
             ),
+            redact=settings.write.secrets != "off",
         )
 
     @property
@@ -519,14 +520,16 @@ class MemoryService:
             now=at,
             plan=self._plan,
             min_relevance=0.0,
+            redact=False,  # every candidate comes back: only those kept are shown
         )
-        items = [_unified_item(h) for h in hits]
-        kept = [i for i in items if i.similarity >= threshold]
-        kept.sort(key=lambda i: (-i.similarity, i.type, i.id))
+        kept = [h for h in hits if round(h.score, 4) >= threshold]
+        kept.sort(
+            key=lambda h: (-round(h.score, 4), SOURCE_OF_CORPUS[h.record.corpus], h.record.id)
+        )
         kept = kept[:limit]
-        returned = {i.id for i in kept}
-        await self._count_access([h for h in hits if h.record.id in returned], at)
-        return UnifiedResult(results=kept, warnings=warnings, mode=_mode(query_vector))
+        await self._count_access(kept, at)
+        results = [_unified_item(shown(h) if self._plan.redact else h) for h in kept]
+        return UnifiedResult(results=results, warnings=warnings, mode=_mode(query_vector))
 
     async def _embed_query(self, text: str) -> tuple[Vector | None, str | None, list[str]]:
         """The query's vector and its embedder, or None and why on the lexical floor."""
