@@ -869,6 +869,7 @@ app.add_typer(project_app, name="project")
 
 
 class Task(StrEnum):
+    secrets = "secrets"
     reembed = "reembed"
     consolidate = "consolidate"
     insights = "insights"
@@ -890,7 +891,7 @@ def maintain(
     cwd: CwdOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Run the maintenance tasks now: re-embed, consolidate, insights, staleness, purge."""
+    """Run the maintenance tasks now: secrets, re-embed, consolidate, insights, staleness, purge."""
     from memory_mcp import maintenance
 
     chosen = [t.value for t in task] if task else list(maintenance.TASKS)

@@ -1,6 +1,8 @@
 """A secret stored before its rule existed never leaks: every output path shows text
 through the current rules (search results, the brief, spawn files, the MCP tools,
-the command line). ``write.secrets = "off"`` turns this off too.
+the command line). ``write.secrets = "off"`` turns this off
+too. (Redacting the store itself is maintenance's ``secrets`` task,
+tests/test_maintenance.py.)
 
 The records are planted as the previous rules stored them: the AWS key id
 redacted, its unlabelled secret next to it in clear; a password-only Redis URL
