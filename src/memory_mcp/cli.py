@@ -735,12 +735,12 @@ def export_cmd(
     cwd: CwdOption = None,
 ) -> None:
     """Export every record (archived and history too) and conflict as JSONL."""
-    from memory_mcp.exchange import export_jsonl
+    from memory_mcp.exchange import export_jsonl, open_private
 
     async def use(memory: MemoryService) -> Any:
         if path is None:
             return await export_jsonl(memory, sys.stdout)
-        with path.open("w", encoding="utf-8") as fh:
+        with open_private(path) as fh:
             return await export_jsonl(memory, fh)
 
     summary = _with_memory(cwd, use, wait=0)

@@ -1,7 +1,7 @@
 """A secret stored before its rule existed never leaks: every output path shows text
 through the current rules (search results, the brief, spawn files, the MCP tools,
-the command line). ``write.secrets = "off"`` turns this off
-too. (Redacting the store itself is maintenance's ``secrets`` task,
+the command line), and importing an old export redacts it. ``write.secrets = "off"``
+turns this off too. (Redacting the store itself is maintenance's ``secrets`` task,
 tests/test_maintenance.py.)
 
 The records are planted as the previous rules stored them: the AWS key id
@@ -11,6 +11,7 @@ untouched.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from collections.abc import AsyncIterator
@@ -26,6 +27,7 @@ from memory_mcp.brief import build_brief
 from memory_mcp.cli import app
 from memory_mcp.config import Settings, load_settings
 from memory_mcp.embedders.base import FakeEmbedder
+from memory_mcp.exchange import export_jsonl, import_jsonl
 from memory_mcp.server import build_server
 from memory_mcp.service import MemoryService
 
@@ -116,6 +118,21 @@ async def test_the_mcp_tools_show_them_redacted(memory: MemoryService, project: 
         assert not answer.is_error and answer.structured_content
         text = json.dumps(answer.structured_content)
         assert "REDACTED" in text and not leaks(text), text
+
+
+async def test_an_old_export_is_redacted_on_import(
+    memory: MemoryService, tmp_path: Path, project: Path
+) -> None:
+    exported = io.StringIO()
+    await export_jsonl(memory, exported)
+    assert leaks(exported.getvalue()) == list(SECRETS)  # a backup is lossless
+    async with MemoryService.open(
+        Settings(), database=tmp_path / "other.db", embedder=FakeEmbedder()
+    ) as other:
+        summary = await import_jsonl(other, exported.getvalue().splitlines())
+        assert summary.records_added == 3
+        stored = [record.content async for record in other.db.iter_records()]
+    assert not leaks("\n".join(stored)) and "REDIS_URL" in "\n".join(stored)
 
 
 async def test_with_the_scan_off_they_are_shown_as_stored(tmp_path: Path, project: Path) -> None:
