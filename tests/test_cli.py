@@ -300,6 +300,7 @@ def test_maintain_dry_run_project_done_and_status(
     assert code == 0
     planned = json.loads(out)
     assert planned["dry_run"] and [t["task"] for t in planned["tasks"]] == [
+        "secrets",
         "reembed",
         "consolidate",
         "insights",

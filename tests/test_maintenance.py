@@ -1,4 +1,5 @@
-"""Maintenance: consolidation, insights, staleness, purge, leases, restore, conflicts."""
+"""Maintenance: secrets, consolidation, insights, staleness, purge, leases, restore,
+conflicts."""
 
 from __future__ import annotations
 
@@ -21,16 +22,17 @@ import pytest
 
 from conftest import release, start_ready
 from memory_mcp import maintenance
-from memory_mcp.config import Settings
+from memory_mcp.config import Settings, WriteSettings
 from memory_mcp.embedders.base import FakeEmbedder
 from memory_mcp.errors import InvalidInput, NotFound
 from memory_mcp.llm import ChatEndpoint, Command
 from memory_mcp.maintenance import Maintenance
-from memory_mcp.records import Record, parse_time
+from memory_mcp.records import Record, format_time, parse_time
 from memory_mcp.scope import project_scope
 from memory_mcp.service import MemoryService
 from memory_mcp.storage.base import Filters, TaskState
-from memory_mcp.write import prepare
+from memory_mcp.storage.doctor import diagnose
+from memory_mcp.write import absorb, prepare
 
 pytestmark = pytest.mark.anyio
 
@@ -67,8 +69,11 @@ async def memory(tmp_path: Path, settings: Settings, clock: Clock) -> AsyncItera
         yield service
 
 
-async def plant(memory: MemoryService, text: str, root: Path, *, days_ago: float = 0) -> Record:
-    """Store a record around the write pipeline (as an import or a race would)."""
+async def plant(
+    memory: MemoryService, text: str, root: Path, *, days_ago: float = 0, scan: bool = True
+) -> Record:
+    """Store a record around the write pipeline (as an import or a race would); without
+    ``scan``, as rules that did not know its secret would have."""
     draft = prepare(
         text,
         kind="fact",
@@ -77,7 +82,7 @@ async def plant(memory: MemoryService, text: str, root: Path, *, days_ago: float
         tags=(),
         agent="test",
         at=memory.clock() - timedelta(days=days_ago),
-        settings=memory.settings.write,
+        settings=memory.settings.write if scan else WriteSettings(secrets="off"),
     )
     async with memory.db.write() as tx:
         await tx.insert(draft.record, None)
@@ -810,3 +815,117 @@ async def test_purge_takes_the_history_of_a_forgotten_fact_and_keeps_a_folds(
     assert (
         history.replaced_by == holder.id and kept_old.id in (await memory.get(holder.id)).supersedes
     )
+
+
+# secrets --------------------------------------------------------------------------------
+
+AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+REDIS_URL = "redis://:s3cr3tP4ss@cache:6379"
+
+
+async def stored_before_the_rules(memory: MemoryService, root: Path) -> dict[str, Record]:
+    """A secret in each place a record keeps text: current, history, archived, folded
+    into another record, and the text an LLM rewrote."""
+
+    async def old(text: str) -> Record:
+        return await plant(memory, text, root, scan=False)
+
+    records = {
+        "current": await old(f"AWS creds for staging: [REDACTED:aws-access-key-id] / {AWS_SECRET}"),
+        "history": await old(f"Sessions live in {REDIS_URL}/0"),
+        "archived": await old(f"Old cache was {REDIS_URL}/2"),
+        "holder": await old("The cache is Redis 7 on the cache host"),
+        "clean": await old("Deploys go through GitHub Actions"),
+    }
+    newer = await old("Sessions live in the database now")
+    holder, folded = records["holder"], await old(f"Cache: {REDIS_URL}")
+    at = format_time(memory.clock())
+    entry = absorb(holder, folded, at)
+    holder.meta = {"previous_texts": [{"content": f"Redis at {REDIS_URL}", "by": "llm"}]}
+    async with memory.db.write() as tx:
+        await tx.replace(records["history"], newer.id)
+        await tx.archive(records["archived"].id, "forgotten", at)
+        await tx.update_merged(holder, at)
+        await tx.fold_into(folded, holder.id, entry, at)
+    await memory.reembed()
+    return records
+
+
+async def found_by_words(memory: MemoryService, root: Path, text: str) -> list[str]:
+    filters = Filters(scope_keys=(project_scope(root).key,), corpora=("facts",))
+    return [item.record.id for item in await memory.db.lexical(text, filters, 10)]
+
+
+async def test_the_secrets_task_redacts_what_was_stored_before_its_rules(
+    memory: MemoryService, project: Path
+) -> None:
+    records = await stored_before_the_rules(memory, project)
+    identity = memory.embeddings.identity
+    assert identity is not None and await memory.db.count_needing_embedding(identity) == 0
+    assert await found_by_words(memory, project, "s3cr3tP4ss") == [records["holder"].id]
+
+    [report] = await Maintenance(memory).run(["secrets"])
+
+    assert report.counts == {
+        "scanned": 7,
+        "redacted": 5,  # all but the clean record and the newer one
+        "aws-secret-access-key": 1,
+        "url-credentials": 5,  # one in the holder's folded text, one in its earlier text
+    }
+    everything = json.dumps([r.to_json() async for r in memory.db.iter_records()])
+    assert AWS_SECRET not in everything and "s3cr3tP4ss" not in everything
+    assert "[REDACTED:url-credentials]" in (await memory.get(records["history"].id)).content
+    assert (await memory.get(records["archived"].id)).archived_reason == "forgotten"
+    assert (await memory.get(records["clean"].id)).embedder == identity  # untouched
+    # The full-text index follows (and agrees with every record's text); the vectors
+    # made from the secret's text are gone, and made again.
+    assert await found_by_words(memory, project, "s3cr3tP4ss") == []
+    assert records["holder"].id in await found_by_words(memory, project, "cache redis")
+    assert (await diagnose(memory.db)).healthy
+    assert await memory.db.count_needing_embedding(identity) == 2  # current and holder
+    # No secret in what the run reports or records.
+    state = (await memory.db.tasks())["secrets"]
+    assert "s3cr3tP4ss" not in json.dumps([report.to_json(), state.last_summary, state.cursor])
+    [reembedded] = await Maintenance(memory).run(["reembed"])
+    assert reembedded.counts == {"embedded": 2}
+
+
+async def test_the_secrets_task_runs_once_per_rule_set_and_twice_changes_nothing(
+    memory: MemoryService, project: Path
+) -> None:
+    await stored_before_the_rules(memory, project)
+    worker = Maintenance(memory)
+    [first] = await worker.run(["secrets"], due_only=True)
+    assert first.counts["redacted"] == 5
+    [later] = await worker.run(["secrets"], due_only=True)
+    assert later.skipped == "the stored texts were scanned with the current rules"
+    before = await _snapshot(memory)
+    async with memory.db.write() as tx:  # as if the texts were scanned by older rules
+        assert await tx.claim("secrets", "test", "", "")
+        assert await tx.finish(TaskState(task="secrets", cursor={"rules": "1:older"}), "test")
+    [again] = await worker.run(["secrets"], due_only=True)
+    assert again.counts == {"scanned": 7, "redacted": 0}
+    assert await _snapshot(memory) == before
+
+
+async def test_a_dry_run_counts_the_secrets_task_and_changes_nothing(
+    memory: MemoryService, project: Path
+) -> None:
+    await stored_before_the_rules(memory, project)
+    before = await _snapshot(memory)
+    [planned] = await maintenance.dry_run(memory, ["secrets"])
+    assert await _snapshot(memory) == before
+    [done] = await Maintenance(memory).run(["secrets"])
+    assert planned.to_json() == done.to_json() and done.counts["redacted"] == 5
+
+
+async def test_the_secrets_task_is_off_with_the_scan(
+    memory: MemoryService, project: Path, settings: Settings
+) -> None:
+    await stored_before_the_rules(memory, project)
+    settings.write.secrets = "off"
+    [report] = await Maintenance(memory).run(["secrets"])
+    assert report.skipped == "write.secrets is off"
+    [due] = await Maintenance(memory).run(["secrets"], due_only=True)
+    assert due.skipped == "write.secrets is off"
+    assert "s3cr3tP4ss" in json.dumps(await _snapshot(memory))

@@ -10,7 +10,9 @@ usual ratio for English prose and code with GPT- and Claude-family tokenizers.
 So that one long section cannot crowd out the rest, global facts may take at
 most a quarter of the budget, and the journal entries that will be shown are
 budgeted before the facts (up to a quarter as well). Each memory is one line,
-cut at ``brief.line_chars``, with its kind and age.
+cut at ``brief.line_chars``, with its kind and age, and its secrets redacted by
+the current rules (unless ``write.secrets`` is off): a memory stored before a
+rule existed must not reach every new agent's prompt.
 
 The whole brief is a fenced block under a heading that calls it reference data
 from the project's memory, not instructions: text that agents stored is
@@ -31,6 +33,7 @@ from pathlib import Path
 from memory_mcp import ranker
 from memory_mcp.records import Record, parse_time
 from memory_mcp.scope import GLOBAL_KEY
+from memory_mcp.secret_scan import redact_text
 from memory_mcp.service import MemoryService
 from memory_mcp.storage.base import Filters
 
@@ -88,11 +91,17 @@ def age(created_at: str, now: datetime) -> str:
 
 
 _TILDES = re.compile(r"~{3,}")
+# A line shows a few hundred characters; what follows them is not scanned for secrets.
+_SCAN_BEYOND = 1024
 
 
-def _one_line(text: str, limit: int) -> str:
+def _one_line(text: str, limit: int, *, redact: bool) -> str:
     """One line of at most ``limit`` characters; a run of tildes is shortened to two,
-    so no memory can make the fence (or the brief) longer."""
+    so no memory can make the fence (or the brief) longer. With ``redact``, secrets
+    are redacted by the current rules (the memory may predate one of them)."""
+    if redact:
+        head = text[: limit + _SCAN_BEYOND]
+        text = redact_text(head) + (" …" if len(head) < len(text) else "")
     flat = _TILDES.sub("~~", " ".join(text.split()))
     return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"
 
@@ -140,6 +149,9 @@ async def build_brief(
     def when(record: Record) -> str:
         return record.created_at[:10] if dated else age(record.created_at, now)
 
+    def line(record: Record, limit: int) -> str:
+        return _one_line(record.content, limit, redact=memory.settings.write.secrets != "off")
+
     docs = await memory.db.current(Filters(scope_keys=(project,), corpora=("docs",)), 10)
     latest = {kind: next((r for r in docs if r.kind == kind), None) for kind in ("goal", "plan")}
     journal = await memory.db.current(
@@ -154,7 +166,7 @@ async def build_brief(
     )
 
     head = [
-        (r.id, f"{kind.capitalize()} ({when(r)}): {_one_line(r.content, width * 2)}")
+        (r.id, f"{kind.capitalize()} ({when(r)}): {line(r, width * 2)}")
         for kind, r in latest.items()
         if r is not None
     ]
@@ -165,14 +177,12 @@ async def build_brief(
 
     def fact(r: Record) -> tuple[str, str]:
         mark = f", disputed (conflict #{disputed[r.id]})" if r.id in disputed else ""
-        return r.id, f"- {r.kind}, {when(r)}{mark}: {_one_line(r.content, width)}"
+        return r.id, f"- {r.kind}, {when(r)}{mark}: {line(r, width)}"
 
     lines = {
         "facts": [fact(r) for r in facts],
         "global": [fact(r) for r in global_facts],
-        "journal": [
-            (r.id, f"- {when(r)}, {r.agent}: {_one_line(r.content, width)}") for r in journal
-        ],
+        "journal": [(r.id, f"- {when(r)}, {r.agent}: {line(r, width)}") for r in journal],
     }
     if not head and not any(lines.values()):
         return Brief(text="", tokens=0, budget=budget)

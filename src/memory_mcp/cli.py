@@ -776,12 +776,12 @@ def export_cmd(
     cwd: CwdOption = None,
 ) -> None:
     """Export every record (archived and history too) and conflict as JSONL."""
-    from memory_mcp.exchange import export_jsonl
+    from memory_mcp.exchange import export_jsonl, open_private
 
     async def use(memory: MemoryService) -> Any:
         if path is None:
             return await export_jsonl(memory, sys.stdout)
-        with path.open("w", encoding="utf-8") as fh:
+        with open_private(path) as fh:
             return await export_jsonl(memory, fh)
 
     summary = _with_memory(cwd, use, embeds=False)
@@ -910,6 +910,7 @@ app.add_typer(project_app, name="project")
 
 
 class Task(StrEnum):
+    secrets = "secrets"
     reembed = "reembed"
     consolidate = "consolidate"
     insights = "insights"
@@ -931,7 +932,7 @@ def maintain(
     cwd: CwdOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Run the maintenance tasks now: re-embed, consolidate, insights, staleness, purge."""
+    """Run the maintenance tasks now: secrets, re-embed, consolidate, insights, staleness, purge."""
     from memory_mcp import maintenance
 
     chosen = [t.value for t in task] if task else list(maintenance.TASKS)

@@ -129,7 +129,9 @@ class WriteSettings(_Section):
         Meta(
             description=(
                 "What to do with secrets (API keys, tokens, private keys, passwords) in stored "
-                "content: redact them, reject the write, or store as is."
+                "content: redact them, reject the write, or store as is. Unless off, searches "
+                "and the brief also redact what they show, and maintenance re-scans stored "
+                "text when the rules change."
             )
         ),
     ] = "redact"

@@ -8,17 +8,25 @@ Vectors are not exported (they depend on the embedder, and can be rebuilt):
 import writes each record exactly, then embeds the current ones with the
 active embedder. Import is idempotent: a record whose id exists is skipped, so
 an interrupted import can simply be run again.
+
+An export is a backup, so it is lossless: its file, like the database, is
+readable by its owner only. Import applies the current secret rules to what it
+adds (unless ``write.secrets`` is off), as any write does: a file written
+before a rule existed does not bring its secrets back into the store.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, TextIO
 
 from memory_mcp.errors import InvalidInput
 from memory_mcp.records import Conflict, Record, format_time, utcnow
+from memory_mcp.secret_scan import redact_record
 from memory_mcp.service import MemoryService
 
 EXPORT_FORMAT = "memory-mcp-export"
@@ -39,6 +47,18 @@ class ImportSummary:
     conflicts_added: int
     embedded: int
     awaiting_embedding: int
+
+
+def open_private(path: Path) -> TextIO:
+    """Open ``path`` to write an export into, readable by its owner only (0600, whatever
+    the umask, and also when the file was already there)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        return os.fdopen(fd, "w", encoding="utf-8")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def header_line() -> str:
@@ -126,6 +146,8 @@ async def import_jsonl(
         embed_progress: called with (records embedded, records to embed).
     """
     records, conflicts = parse_export(lines)
+    if memory.settings.write.secrets != "off":
+        records = [redact_record(record)[0] for record in records]
     added = skipped = 0
     for start in range(0, len(records), _IMPORT_BATCH):
         batch = records[start : start + _IMPORT_BATCH]

@@ -3,6 +3,9 @@
 One run does these tasks, in this order:
 
 ============ =====================================================================
+secrets      when the secret rules changed since the stored texts were last scanned,
+             every record (current, history, archived; folded texts and earlier LLM
+             texts too) is scanned again and redacted; its vectors are made again
 reembed      current records without a vector from the active embedder get one
 consolidate  duplicates the write-time fold missed are folded with the same rules
              (``write.neighbours``, ``fold.decide``), across each whole scope;
@@ -55,9 +58,9 @@ from memory_mcp.errors import EmbedderError, InvalidInput, NotFound
 from memory_mcp.fold import compare, decide
 from memory_mcp.lexical import content_words, stems
 from memory_mcp.llm import LLM, LLMError, build_llm, insight_prompt, refine_prompt
-from memory_mcp.records import Conflict, Record, format_time, parse_time
+from memory_mcp.records import CORPORA, Conflict, Record, format_time, parse_time
 from memory_mcp.scope import Scope, project_scope
-from memory_mcp.secret_scan import redact
+from memory_mcp.secret_scan import FINGERPRINT, redact, redact_record
 from memory_mcp.service import MemoryService
 from memory_mcp.storage.base import Filters, TaskState, Vector
 from memory_mcp.storage.sqlite import SqliteStore
@@ -65,7 +68,8 @@ from memory_mcp.write import absorb, clean_text, neighbours, new_id, prepare
 
 log = logging.getLogger(__name__)
 
-TASKS: tuple[str, ...] = ("reembed", "consolidate", "insights", "staleness", "purge")
+# secrets first: the vectors it drops are made again by reembed in the same run.
+TASKS: tuple[str, ...] = ("secrets", "reembed", "consolidate", "insights", "staleness", "purge")
 _BATCH = 200  # records per transaction and between two lease renewals
 _REEMBED_ROUND = 512  # records re-embedded between two lease renewals
 # Records per embedding call when re-embedding: small, so that a search waiting for
@@ -174,6 +178,8 @@ class Maintenance:
             return f"waiting until {state.retry_after} after a failure: {state.last_error}"
         if state.last_summary.get("pending") and not state.last_error:
             return ""  # it stopped with work left: go on
+        if state.task == "secrets":
+            return self._secrets_not_due(state)
         if state.task != "reembed" and state.last_finished_at and not state.last_error:
             due = parse_time(state.last_finished_at) + timedelta(
                 minutes=self.settings.interval_minutes
@@ -253,6 +259,50 @@ class Maintenance:
         elapsed = (self.memory.clock() - self._renewed).total_seconds()
         if elapsed > self.settings.lease_seconds / 3:
             await self._renew()
+
+    # secrets -------------------------------------------------------------------------
+
+    def _secrets_not_due(self, state: TaskState) -> str:
+        if self.memory.settings.write.secrets == "off":
+            return "write.secrets is off"
+        if state.cursor.get("rules") == FINGERPRINT:
+            return "the stored texts were scanned with the current rules"
+        return ""
+
+    async def _secrets(self) -> TaskReport:
+        """Scan every stored text again when the secret rules changed since the last scan.
+
+        A record stored before a rule existed keeps its secret in the database, the
+        full-text index and its vectors until then (searches and the brief redact what
+        they show meanwhile). Counts are by kind; no secret goes to a log or summary.
+        """
+        if self.memory.settings.write.secrets == "off":
+            return TaskReport("secrets", skipped="write.secrets is off")
+        if self._cursor.get("rules") == FINGERPRINT:
+            return TaskReport("secrets")
+        resuming = self._cursor.get("scanning") == FINGERPRINT
+        mark = int(self._cursor.get("seq", 0)) if resuming else 0
+        scanned, changed = 0, 0
+        kinds: Counter[str] = Counter()
+        while batch := await self.db.after(CORPORA, mark, _BATCH, current_only=False):
+            holding = [record.id for _, record in batch if redact_record(record)[1]]
+            if holding:
+                async with self.db.write() as tx:
+                    for record_id in holding:
+                        record = await tx.get(record_id)  # as it is now, not as it was read
+                        if record is None:
+                            continue
+                        clean, found_kinds = redact_record(record)
+                        if found_kinds and await tx.rewrite_texts(clean):
+                            changed += 1
+                            kinds.update(found_kinds)
+            scanned += len(batch)
+            mark = batch[-1][0]
+            self._cursor = {"scanning": FINGERPRINT, "seq": mark}
+            await self._renew()
+        self._cursor = {"rules": FINGERPRINT}
+        counts = {"scanned": scanned, "redacted": changed, **dict(sorted(kinds.items()))}
+        return TaskReport("secrets", counts=counts)
 
     # reembed -------------------------------------------------------------------------
 

@@ -13,7 +13,9 @@ branch contributes its best ``search.candidates`` records; a record found by
 only one branch is scored by the other too, so fusion sees both numbers. The
 fused relevance goes through the one ranker (``ranker.score``). Filters (scope,
 kind, tags, time) are applied inside both branches, before the limit; hits
-below ``search.min_relevance`` are dropped.
+below ``search.min_relevance`` are dropped. The hits returned show their text
+through the current secret rules (``secret_scan``), so that a record stored
+before a rule existed does not show its secret.
 
 A search over several corpora (``project_search``, ``searchUnifiedMemory``)
 gathers each corpus's ``candidates`` separately - concurrently, with one query
@@ -23,11 +25,12 @@ over every corpus, so every hit's relevance and score is on the same scale.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from memory_mcp import ranker
 from memory_mcp.records import Hit, Record
+from memory_mcp.secret_scan import redact_text
 from memory_mcp.storage.base import Filters, Vector
 from memory_mcp.storage.sqlite import SqliteStore
 
@@ -38,6 +41,7 @@ class SearchPlan:
     lexical_weight: float
     min_relevance: float
     ranking: ranker.RankerConfig
+    redact: bool = True  # show hits through the current secret rules (write.secrets not off)
 
 
 @dataclass
@@ -87,6 +91,7 @@ def fuse(
     now: datetime,
     plan: SearchPlan,
     min_relevance: float | None = None,
+    redact: bool | None = None,
 ) -> list[Hit]:
     """Fused relevance, ranked by the one ranker: the ``limit`` best hits, best first.
 
@@ -97,6 +102,8 @@ def fuse(
         dense: whether the query had a vector (else relevance is lexical only).
         min_relevance: overrides ``plan.min_relevance`` (0 keeps every candidate,
             for a full ranking).
+        redact: overrides ``plan.redact`` (False: the caller keeps a few of the hits
+            and shows those through ``shown``).
     """
     min_relevance = plan.min_relevance if min_relevance is None else min_relevance
     a = plan.lexical_weight if dense else 1.0
@@ -124,7 +131,18 @@ def fuse(
             )
         )
     hits.sort(key=lambda h: (-h.score, h.record.id))
+    if plan.redact if redact is None else redact:
+        return [shown(hit) for hit in hits[:limit]]
     return hits[:limit]
+
+
+def shown(hit: Hit) -> Hit:
+    """The hit with its text through the current secret rules: a record stored before
+    a rule existed must not show its secret."""
+    content = redact_text(hit.record.content)
+    if content == hit.record.content:
+        return hit
+    return replace(hit, record=replace(hit.record, content=content))
 
 
 async def hybrid(

@@ -1,89 +1,63 @@
-"""Finding secrets in text before it is stored, and redacting them.
+"""Finding secrets in text, and redacting them.
 
-Specific token formats (cloud keys, VCS and chat tokens, private keys, JWTs,
-credentials in URLs and connection strings) plus assignments whose name says
-"password", "secret", "token" or "api key". Look-alikes that are not secrets
-(git SHAs, UUIDs, digests, base64 test data, references such as ``$DB_PASSWORD``
-or ``os.environ[...]``) are left alone: nothing here guesses from entropy.
+The rules (``secret_rules``) come in four families, tried in this order:
+
+1. **Token formats**: a provider's own prefix, length and alphabet (``ghp_`` and
+   36 characters, ``AKIA`` and 16, PEM blocks, JWTs, ...).
+2. **Credentials in structure**: URLs with a password (``redis://:pw@host``),
+   connection strings, ``Authorization`` headers, ``curl -u``, signed URLs.
+3. **Labels**: assignments whose name says password, secret, token or API key,
+   in the syntaxes agents paste (env files, YAML, JSON, TOML, code, XML, CLI
+   flags, "the password is ..."). A name that only ends in "key" needs a value
+   that looks random.
+4. **Neighbours**: an unlabelled random token next to a key id (the 40-character
+   AWS secret beside its ``AKIA`` id, a Twilio auth token beside its ``AC`` SID)
+   or next to a word such as "token" or "password".
+
+Randomness (``looks_random``: length, character classes, Shannon entropy, no
+dictionary-like words, not base64 of plain text) only ever confirms a value a
+label, a key id or a secret word points at; nothing is redacted for its entropy
+alone. Look-alikes stay: git SHAs, UUIDs, digests, version strings, paths, and
+references such as ``$DB_PASSWORD`` or ``${{ secrets.X }}``.
+
+Every rule names the lower-case words (needles) without which it cannot match;
+a text is lower-cased once and only the rules whose needles it holds run, so a
+text without any of them costs one pass of substring checks.
+
+``FINGERPRINT`` changes whenever the rules do: maintenance re-scans the stored
+records when it differs from the one they were last scanned with.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
+from typing import Any
 
-from memory_mcp.records import Redaction
+from memory_mcp.records import Record, Redaction
+from memory_mcp.secret_rules import RULES, RULES_VERSION, Rule
 
+__all__ = ["FINGERPRINT", "ScanResult", "redact", "redact_record", "redact_text"]
 
-@dataclass(frozen=True)
-class _Pattern:
-    kind: str
-    regex: re.Pattern[str]
-    group: int = 0  # the part to redact; 0 = the whole match
-
-
-def _p(kind: str, pattern: str, group: int = 0, flags: int = 0) -> _Pattern:
-    return _Pattern(kind, re.compile(pattern, flags), group)
+MARKER = "[REDACTED:{kind}]"
 
 
-_HAS_DIGIT = r"(?=[A-Za-z0-9_\-]*[0-9])"
+def _fingerprint(rules: tuple[Rule, ...]) -> str:
+    digest = hashlib.sha256()
+    for rule in rules:
+        digest.update(repr((rule.kind, rule.regex.pattern, rule.regex.flags)).encode())
+        digest.update(
+            repr((rule.group, rule.needles, getattr(rule.accept, "__name__", None))).encode()
+        )
+    return f"{RULES_VERSION}:{digest.hexdigest()[:16]}"
 
-# Order matters: a more specific pattern claims its text before a generic one.
-PATTERNS: tuple[_Pattern, ...] = (
-    _p(
-        "private-key",
-        r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----[\s\S]*?"
-        r"(?:-----END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----|\Z)",
-    ),
-    _p(
-        "aws-access-key-id",
-        r"\b(?:AKIA|ASIA|ABIA|ACCA|AGPA|AIDA|AIPA|ANPA|ANVA|AROA|APKA)[A-Z0-9]{16}\b",
-    ),
-    _p(
-        "aws-secret-access-key",
-        r"\baws_?secret_?(?:access_?)?key\b[\"']?\s*[:=]\s*[\"']?([A-Za-z0-9/+=]{40})(?![A-Za-z0-9/+=])",
-        1,
-        re.IGNORECASE,
-    ),
-    _p("github-token", r"\b(?:gh[pousr]_[A-Za-z0-9]{36,251}|github_pat_[A-Za-z0-9_]{22,255})\b"),
-    _p("gitlab-token", r"\bglpat-[A-Za-z0-9_\-]{20,}"),
-    _p("slack-webhook", r"https://hooks\.slack\.com/services/[A-Za-z0-9/_\-]{20,}"),
-    _p("slack-token", r"\bxox[abposr]-[A-Za-z0-9\-]{10,}"),
-    _p("stripe-key", r"\b(?:sk|rk|pk)_(?:live|test)_[A-Za-z0-9]{16,}\b"),
-    _p("anthropic-key", r"\bsk-ant-[A-Za-z0-9_\-]{20,}"),
-    _p("openai-key", r"\bsk-(?:proj-|svcacct-|admin-)?" + _HAS_DIGIT + r"[A-Za-z0-9_\-]{20,}"),
-    _p("google-api-key", r"\bAIza[0-9A-Za-z_\-]{35}(?![0-9A-Za-z_\-])"),
-    _p("npm-token", r"\bnpm_[A-Za-z0-9]{36}\b"),
-    _p("huggingface-token", r"\bhf_[A-Za-z0-9]{34,}\b"),
-    _p("sendgrid-key", r"\bSG\.[A-Za-z0-9_\-]{22}\.[A-Za-z0-9_\-]{43}(?![A-Za-z0-9_\-])"),
-    _p("twilio-key", r"\bSK[0-9a-f]{32}\b"),
-    _p("jwt", r"\beyJ[A-Za-z0-9_\-]{10,}\.eyJ[A-Za-z0-9_\-]{10,}\.[A-Za-z0-9_\-]{10,}"),
-    _p("url-credentials", r"\b[a-zA-Z][a-zA-Z0-9+.\-]*://[^\s:/@]+:([^\s@/]+)@", 1),
-    _p("connection-string-key", r"\b(?:AccountKey|SharedAccessKey)=([A-Za-z0-9+/=]{20,})", 1, re.I),
-    _p("bearer-token", r"\bauthorization\s*:\s*bearer\s+([A-Za-z0-9._~+/\-]{16,}=*)", 1, re.I),
-    _p(
-        "password-assignment",
-        r"\b[A-Za-z0-9_.\-]*(?:password|passwd|pwd|passphrase|secret|api[_\-]?key|apikey|"
-        r"access[_\-]?token|auth[_\-]?token|client[_\-]?secret|private[_\-]?key|token)\b[\"']?"
-        r"\s*(?:=>|:=|[:=])\s*([\"']?)([^\s\"',;]{6,})\1",
-        2,
-        re.IGNORECASE,
-    ),
-)
 
-# Values of an assignment that name a secret without being one.
-_REFERENCE = re.compile(
-    r"""^(?:
-        [$%<{\[]                   # $VAR, ${VAR}, %VAR%, <placeholder>, {{ x }}, [REDACTED]
-      | (?:os\.environ|os\.getenv|process\.env|env\(|getenv|secrets\.|vault:|ENV\[)
-      | \w+\(                      # a function call: getpass(), read_secret(...)
-      | (?:none|null|nil|true|false|required|optional|string|str|undefined)$
-      | [x*.\-_]+$                 # xxxxxx, ******, ......
-    )""",
-    re.IGNORECASE | re.VERBOSE,
-)
+FINGERPRINT = _fingerprint(RULES)
+"""The rule set's identity: ``RULES_VERSION`` (bumped when a check's code changes)
+and a hash of every pattern."""
 
 
 @dataclass(frozen=True)
@@ -97,24 +71,73 @@ class ScanResult:
 
 
 def redact(text: str) -> ScanResult:
-    """Replace every secret in ``text`` with ``[REDACTED:<kind>]``."""
+    """Replace every secret in ``text`` with ``[REDACTED:<kind>]``, counting them by kind."""
     counts: Counter[str] = Counter()
-    for pattern in PATTERNS:
-        text = pattern.regex.sub(partial(_replace, pattern=pattern, counts=counts), text)
+    text = _scan(text, counts)
     return ScanResult(text, [Redaction(kind, n) for kind, n in sorted(counts.items())])
 
 
-def _replace(match: re.Match[str], *, pattern: _Pattern, counts: Counter[str]) -> str:
+def redact_text(text: str) -> str:
+    """``text`` with its secrets redacted (the output path: search hits, the brief)."""
+    return _scan(text, None)
+
+
+def _rules_by_needle(rules: tuple[Rule, ...]) -> dict[str, frozenset[int]]:
+    by_needle: dict[str, set[int]] = {}
+    for index, rule in enumerate(rules):
+        for needle in rule.needles:
+            by_needle.setdefault(needle, set()).add(index)
+    return {needle: frozenset(indexes) for needle, indexes in by_needle.items()}
+
+
+_BY_NEEDLE = _rules_by_needle(RULES)
+_ALWAYS = frozenset(i for i, rule in enumerate(RULES) if not rule.needles)
+
+
+def _scan(text: str, counts: Counter[str] | None) -> str:
+    lowered = text.lower()
+    due = set(_ALWAYS)
+    for needle, indexes in _BY_NEEDLE.items():
+        if needle in lowered:
+            due |= indexes
+    for index in sorted(due):  # in the rules' order: the most specific first
+        rule = RULES[index]
+        text = rule.regex.sub(partial(_replace, rule=rule, counts=counts), text)
+    return text
+
+
+def _replace(match: re.Match[str], *, rule: Rule, counts: Counter[str] | None) -> str:
+    start, end = match.span(rule.group)
     whole = match.group(0)
-    if "[REDACTED:" in whole and pattern.group == 0:
+    if start < 0:
         return whole
-    secret = match.group(pattern.group)
-    if pattern.kind == "password-assignment" and _REFERENCE.match(secret):
+    secret = match.string[start:end]
+    if "[REDACTED" in secret or (rule.accept is not None and not rule.accept(match, secret)):
         return whole
-    counts[pattern.kind] += 1
-    marker = f"[REDACTED:{pattern.kind}]"
-    if pattern.group == 0:
-        return marker
-    start = match.start(pattern.group) - match.start(0)
-    end = match.end(pattern.group) - match.start(0)
-    return whole[:start] + marker + whole[end:]
+    if counts is not None:
+        counts[rule.kind] += 1
+    offset = match.start()
+    return whole[: start - offset] + MARKER.format(kind=rule.kind) + whole[end - offset :]
+
+
+def redact_record(record: Record) -> tuple[Record, Counter[str]]:
+    """A record with every stored text redacted: content, folded texts, and strings in meta
+    (earlier texts an LLM rewrote, insight keywords). Returns it and the counts by kind;
+    the record itself is returned unchanged when nothing was found."""
+    counts: Counter[str] = Counter()
+    content = _scan(record.content, counts)
+    merged = [replace(m, content=_scan(m.content, counts)) for m in record.merged_from]
+    meta = _scan_json(record.meta, counts)
+    if not counts:
+        return record, counts
+    return replace(record, content=content, merged_from=merged, meta=meta), counts
+
+
+def _scan_json(value: Any, counts: Counter[str]) -> Any:
+    if isinstance(value, str):
+        return _scan(value, counts)
+    if isinstance(value, list):
+        return [_scan_json(v, counts) for v in value]
+    if isinstance(value, dict):
+        return {k: _scan_json(v, counts) for k, v in value.items()}
+    return value

@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -41,7 +41,7 @@ from memory_mcp.records import (
     without_surrogates,
 )
 from memory_mcp.scope import GLOBAL_KEY, Scope, project_scope
-from memory_mcp.search import Candidates, SearchPlan, candidates, fuse
+from memory_mcp.search import Candidates, SearchPlan, candidates, fuse, shown
 from memory_mcp.storage.base import Filters, StoreStats, TaskState, Vector
 from memory_mcp.storage.sqlite import SqliteStore
 from memory_mcp.write import Draft, apply, clean_text, prepare
@@ -130,6 +130,7 @@ class MemoryService:
                 durable_half_life_days=settings.ranking.durable_half_life_days,
                 prior_weight=settings.ranking.prior_weight,
             ),
+            redact=settings.write.secrets != "off",
         )
 
     @property
@@ -534,18 +535,17 @@ class MemoryService:
             now=at,
             plan=self._plan,
             min_relevance=0.0,
+            redact=False,  # every candidate comes back: only those kept are shown
         )
-        items = [_unified_item(h) for h in hits]
-        kept = [i for i in items if i.similarity >= threshold]
-        kept.sort(key=lambda i: (-i.similarity, i.type, i.id))
+        kept = [h for h in hits if round(h.score, 4) >= threshold]
+        kept.sort(
+            key=lambda h: (-round(h.score, 4), SOURCE_OF_CORPUS[h.record.corpus], h.record.id)
+        )
         kept = kept[:limit]
-        returned = {i.id for i in kept}
-        shown = {hit.record.id: hit for hit in hits if hit.record.id in returned}
-        await self._annotate(list(shown.values()))
-        for item in kept:
-            item.metadata.update(shown[item.id].notes)
-        await self._count_access(list(shown.values()), at)
-        return UnifiedResult(results=kept, warnings=warnings, mode=_mode(query_vector))
+        await self._annotate(kept)
+        await self._count_access(kept, at)
+        results = [_unified_item(shown(h) if self._plan.redact else h) for h in kept]
+        return UnifiedResult(results=results, warnings=warnings, mode=_mode(query_vector))
 
     async def _embed_query(self, text: str) -> tuple[Vector | None, str | None, list[str]]:
         """The query's vector and its embedder, or None and why on the lexical floor."""
@@ -615,7 +615,12 @@ class MemoryService:
         conflicts = await self.db.open_conflicts_of(ids)
         older = {h.record.id: h.record.supersedes[-1] for h in hits if h.record.supersedes}
         others = {c.other_id if c.record_id in ids else c.record_id for c in conflicts}
-        related = {r.id: r for r in await self.db.get_many([*older.values(), *others])}
+        found = await self.db.get_many([*older.values(), *others])
+        if self._plan.redact:  # the other record's text is shown too
+            from memory_mcp.secret_scan import redact_text
+
+            found = [replace(r, content=redact_text(r.content)) for r in found]
+        related = {r.id: r for r in found}
         for hit in hits:
             replaced = related.get(older.get(hit.record.id, ""))
             if replaced is not None:
@@ -760,6 +765,7 @@ def _unified_item(hit: Hit) -> UnifiedItem:
     for key in ("path", "heading", "sources"):
         if key in record.meta:
             metadata[key] = record.meta[key]
+    metadata.update(hit.notes)
     return UnifiedItem(
         type=SOURCE_OF_CORPUS[record.corpus],
         id=record.id,

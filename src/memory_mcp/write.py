@@ -40,7 +40,7 @@ from memory_mcp.records import (
     without_surrogates,
 )
 from memory_mcp.scope import Scope
-from memory_mcp.secret_scan import redact
+from memory_mcp.secret_scan import redact, redact_text
 from memory_mcp.storage.base import Filters, Neighbours, Vector, WriteTransaction
 
 MAX_TAGS = 20
@@ -81,6 +81,7 @@ class Draft:
 
     record: Record
     redactions: list[Redaction] = field(default_factory=list)
+    scanned: bool = True  # write.secrets is not "off": what the result shows is redacted too
 
     @property
     def corpus(self) -> Corpus:
@@ -150,7 +151,7 @@ def prepare(
         importance=importance,
         pinned=pinned,
     )
-    return Draft(record, redactions)
+    return Draft(record, redactions, scanned=settings.secrets != "off")
 
 
 def _tags(tags: Sequence[str]) -> list[str]:
@@ -205,7 +206,7 @@ async def apply(
 
     exact = await tx.find_by_hash(content_hash(record.content), same_corpus)
     if exact and (record.corpus != "docs" or exact[0].kind == record.kind):
-        return await _fold(tx, record, exact[0], vectors, result, now, "exact repeat")
+        return await _fold(tx, draft, exact[0], vectors, result, now, "exact repeat")
 
     if record.corpus == "journal":
         await tx.insert(record, vectors)
@@ -221,25 +222,27 @@ async def apply(
             await tx.replace(old, record.id)
         if not previous:
             return result
-        return _related(result, "replaced", previous[0], f"replaces the previous {record.kind}")
+        return _related(
+            draft, result, "replaced", previous[0], f"replaces the previous {record.kind}"
+        )
 
     # Facts: compare with the nearest records, most similar first.
     candidates = await neighbours(tx, record, vectors, embedder, same_corpus, fold_settings)
     for old, similarity in candidates:
         decision = decide(compare(old.content, record.content, similarity), fold_settings)
         if decision.action == "fold":
-            return await _fold(tx, record, old, vectors, result, now, decision.reason)
+            return await _fold(tx, draft, old, vectors, result, now, decision.reason)
         if decision.action == "supersede":
             record.supersedes = _history(old)
             await tx.insert(record, vectors)
             await tx.replace(old, record.id)
-            return _related(result, "superseded", old, decision.reason)
+            return _related(draft, result, "superseded", old, decision.reason)
         if decision.action == "conflict":
             await tx.insert(record, vectors)
             conflict = await tx.add_conflict(
                 record.scope_key, record.id, old.id, decision.reason, now
             )
-            return _related(result, "conflict", old, decision.reason, conflict_id=conflict)
+            return _related(draft, result, "conflict", old, decision.reason, conflict_id=conflict)
     await tx.insert(record, vectors)
     return result
 
@@ -288,7 +291,7 @@ async def neighbours(
 
 async def _fold(
     tx: WriteTransaction,
-    record: Record,
+    draft: Draft,
     old: Record,
     vectors: Vector | None,
     result: StoreResult,
@@ -296,13 +299,14 @@ async def _fold(
     reason: str,
 ) -> StoreResult:
     """The new text becomes canonical; the old record's id and text go to ``merged_from``."""
+    record = draft.record
     entry = absorb(record, old, now)
     await tx.insert(record, vectors)
     if vectors is not None and record.embedder is not None and old.embedder == record.embedder:
         # The folded texts stay findable: their vectors move to the canonical record.
         await tx.carry_vectors(old.id, record.id, record.embedder)
     await tx.fold_into(old, record.id, entry, now)
-    return _related(result, "folded", old, reason)
+    return _related(draft, result, "folded", old, reason)
 
 
 def absorb(keep: Record, old: Record, now: str) -> MergedEntry:
@@ -327,14 +331,24 @@ def absorb(keep: Record, old: Record, now: str) -> MergedEntry:
 
 
 def _related(
-    result: StoreResult, action: Action, old: Record, reason: str, *, conflict_id: int | None = None
+    draft: Draft,
+    result: StoreResult,
+    action: Action,
+    old: Record,
+    reason: str,
+    *,
+    conflict_id: int | None = None,
 ) -> StoreResult:
-    """The result of a write that concerns an existing record: which, and why."""
+    """The result of a write that concerns an existing record: which, and why.
+
+    The record's text is shown through the current secret rules: it may have been
+    stored before one of them existed.
+    """
     return replace(
         result,
         action=action,
         related_id=old.id,
-        related_content=old.content,
+        related_content=redact_text(old.content) if draft.scanned else old.content,
         conflict_id=conflict_id,
         reason=reason,
     )

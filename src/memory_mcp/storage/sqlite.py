@@ -729,6 +729,28 @@ class _Transaction(_Queries):
             await self.drop_vectors(record.id)
         return changed > 0
 
+    async def rewrite_texts(self, record: Record) -> bool:
+        """Replace a record's texts, current or not (the secrets re-scan): its content,
+        folded texts and meta. Triggers redo its full-text row; a current record's
+        vectors are dropped, since they were made from the old texts, and re-embedding
+        makes them again. ``updated_at`` stays: the memory says what it said."""
+        changed = await self._exec(
+            "UPDATE records SET content = ?, content_hash = ?, emphasis = ?, merged_from = ?, "
+            "merged_text = ?, meta = ? WHERE id = ?",
+            [
+                record.content,
+                content_hash(record.content),
+                emphasis(record.content),
+                json.dumps([m.to_json() for m in record.merged_from], ensure_ascii=False),
+                "\n".join(m.content for m in record.merged_from),
+                json.dumps(record.meta, ensure_ascii=False),
+                record.id,
+            ],
+        )
+        if changed:
+            await self.drop_vectors(record.id)
+        return changed > 0
+
     async def drop_vectors(self, record_id: str) -> None:
         """Remove a record's vectors: it awaits embedding again (re-embed redoes them)."""
         slot = await self._slot(record_id)
@@ -1258,11 +1280,13 @@ class SqliteStore:
         return [str(row[0]) for row in rows]
 
     async def after(
-        self, corpora: Sequence[str], after_seq: int, limit: int
+        self, corpora: Sequence[str], after_seq: int, limit: int, *, current_only: bool = True
     ) -> list[tuple[int, Record]]:
-        """Current records of ``corpora`` past a write position, of every scope, in write order."""
+        """Records of ``corpora`` past a write position, of every scope, in write order:
+        the current ones, or (``current_only`` False) history and archived ones too."""
+        live = "AND r.live = 1 " if current_only else ""
         rows = await self._queries._fetch(
-            f"SELECT {_SELECT}, r.seq FROM records r WHERE r.seq > ? AND r.live = 1 "
+            f"SELECT {_SELECT}, r.seq FROM records r WHERE r.seq > ? {live}"
             f"AND r.corpus IN ({_marks(corpora)}) ORDER BY r.seq LIMIT ?",
             [after_seq, *corpora, limit],
         )
