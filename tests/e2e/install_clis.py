@@ -73,10 +73,10 @@ def ensure() -> Path:
     Raises:
         CliInstallError: node or npm is missing or too old, or the install failed.
     """
+    _check_node()  # Gemini CLI runs on it, cached or not
     folder = cache_folder()
     if is_complete(folder):
         return bin_folder(folder)
-    _check_node()
     partial = folder.with_name(f"{folder.name}.partial-{os.getpid()}")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
