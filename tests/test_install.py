@@ -196,17 +196,19 @@ def test_the_first_backup_keeps_the_original(home: Path, project: Path) -> None:
     assert settings.read_bytes() == original and not backup.exists()
 
 
-def test_a_file_changed_since_install_keeps_the_change_and_the_backup(
+def test_a_file_changed_since_install_keeps_the_change_and_loses_only_our_entries(
     home: Path, project: Path
 ) -> None:
     settings = home / ".gemini" / "settings.json"
-    install("gemini", "user", project, home=home, program="memory-mcp", env={})
+    install("gemini", "user", project, hook=True, home=home, program="memory-mcp", env={})
     data = json.loads(settings.read_text())
     data["theme"] = "Dracula"  # the user, or Gemini CLI, changed something meanwhile
     settings.write_text(json.dumps(data))
-    [server, _hook] = uninstall("gemini", "user", project, home=home)
-    assert server.outcome == "removed" and server.backup is not None
+    server, hook = uninstall("gemini", "user", project, home=home)
+    assert server.outcome == "removed" and server.backup is not None  # the hook is still there
+    assert hook.outcome == "removed" and hook.backup is None  # nothing of ours left
     assert json.loads(settings.read_text()) == {**GEMINI_SETTINGS, "theme": "Dracula"}
+    assert not list(home.rglob("*.memory-mcp.bak"))
 
 
 @pytest.mark.parametrize("agent", ["claude", "codex", "gemini"])
@@ -366,3 +368,56 @@ def test_inspect_finds_what_is_installed_where(tmp_path: Path, project: Path) ->
     assert (found["codex"].servers, found["codex"].hooks) == (["project"], [])
     assert any("trusted project" in step for step in found["codex"].todo)
     assert (found["gemini"].servers, found["gemini"].hooks) == ([], [])
+
+
+@pytest.mark.parametrize("where", ["after", "end"])
+def test_codex_tool_approvals_under_our_server_go_with_it(
+    home: Path, project: Path, where: str
+) -> None:
+    """'Allow and don't ask me again' makes Codex write [mcp_servers.memory.tools.<tool>]."""
+    config = home / ".codex" / "config.toml"
+    original = config.read_bytes()
+    env = {"MEMORY_MCP_DATA_DIR": "/store"}
+    install("codex", "user", project, home=home, program="memory-mcp", env=env)
+    approval = '\n[mcp_servers.memory.tools.memory_search]\napproval_mode = "approve"\n'
+    text = config.read_text()
+    if where == "after":
+        line = 'env = { MEMORY_MCP_DATA_DIR = "/store" }\n'
+        block_end = text.index(line) + len(line)
+        text = text[:block_end] + approval + text[block_end:]
+    else:
+        text += approval + '\n[projects."/elsewhere"]\ntrust_level = "trusted"\n'
+    config.write_text(text)
+    import tomllib
+
+    moved = {"MEMORY_MCP_DATA_DIR": "/moved"}
+    [changed] = install("codex", "user", project, home=home, program="memory-mcp", env=moved)
+    assert changed.outcome == "updated"
+    server = tomllib.loads(config.read_text())["mcp_servers"]["memory"]
+    assert server["env"] == moved and server["tools"]["memory_search"]["approval_mode"] == "approve"
+    [removed, _hook] = uninstall("codex", "user", project, home=home)
+    assert removed.outcome == "removed"
+    if where == "after":
+        assert config.read_bytes() == original
+    else:
+        assert tomllib.loads(config.read_text()) == {
+            **tomllib.loads(original.decode()),
+            "projects": {"/elsewhere": {"trust_level": "trusted"}},
+        }
+
+
+def test_a_json_file_keeps_its_style_when_the_cli_rewrote_it_meanwhile(
+    tmp_path: Path, project: Path
+) -> None:
+    """Claude Code writes ~/.claude.json itself: two spaces, no final newline."""
+    home = tmp_path / "h"
+    home.mkdir()
+    claude = home / ".claude.json"
+    claude.write_text(json.dumps({"numStartups": 1, "theme": "dark"}, indent=2))
+    install("claude", "user", project, home=home, program="memory-mcp", env={})
+    data = json.loads(claude.read_text())
+    data["numStartups"] = 2  # Claude Code ran in between
+    claude.write_text(json.dumps(data, indent=2))
+    uninstall("claude", "user", project, home=home)
+    assert claude.read_text() == json.dumps({"numStartups": 2, "theme": "dark"}, indent=2)
+    assert not list(home.rglob("*.memory-mcp.bak"))

@@ -150,7 +150,7 @@ class _Format:
     """How to read, write and compare one kind of configuration file."""
 
     load: Callable[[Path], Any]
-    dump: Callable[[Any], str]
+    dump: Callable[[Any, str], str]  # (data, the file's text so far: its style is kept)
     parsed: Callable[[Any, Path], Any]  # what two versions are compared by
 
 
@@ -168,15 +168,26 @@ def _load_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def _dump_json(data: dict[str, Any]) -> str:
-    return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+def _dump_json(data: dict[str, Any], old: str) -> str:
+    """``data`` as JSON in the style of ``old``: its indentation and final line break.
+
+    Claude Code and Gemini CLI write their files with two spaces and no final
+    newline; a file edited here keeps whichever style it had (new files: two
+    spaces and a newline).
+    """
+    indent = re.match(r"\{\r?\n([ \t]+)\S", old)
+    step: int | str = 2
+    if indent:
+        step = len(indent.group(1)) if "\t" not in indent.group(1) else indent.group(1)
+    end = "\n" if not old or old.endswith("\n") else ""
+    return json.dumps(data, indent=step, ensure_ascii=False) + end
 
 
 def _load_text(path: Path) -> dict[str, str]:
     return {"text": path.read_text(encoding="utf-8") if path.exists() else ""}
 
 
-def _dump_text(holder: dict[str, str]) -> str:
+def _dump_text(holder: dict[str, str], old: str) -> str:
     return holder["text"]
 
 
@@ -200,13 +211,17 @@ def _edit(
     real = Path(os.path.realpath(path))  # a symlinked dotfile: edit the file it points to
     data = form.load(real)
     existed = real.exists()
+    old = real.read_text(encoding="utf-8") if existed else ""
     outcome = change(data)
-    after = form.dump(data)
-    if outcome == "unchanged" or (existed and after == real.read_text(encoding="utf-8")):
+    after = form.dump(data, old)
+    if outcome == "unchanged" or (existed and after == old):
         return ConfigChange(path, "unchanged" if existed else "absent", "")
     backup = real.with_name(real.name + ".memory-mcp.bak")
     if outcome == "removed":
-        return _remove(path, real, backup, form, data, after)
+        stripped = copy.deepcopy(data)
+        remove_ours(stripped)
+        last = form.dump(stripped, old) == after  # no entry of ours is left in the file
+        return _remove(path, real, backup, form, data, after, last=last)
     if existed and not backup.exists() and not _only_ours(form.load(real), form, remove_ours):
         shutil.copy2(real, backup)  # the original, kept until uninstall gives it back
     real.parent.mkdir(parents=True, exist_ok=True)
@@ -218,13 +233,18 @@ def _edit(
 def _only_ours(data: Any, form: _Format, remove_ours: Callable[[Any], object]) -> bool:
     stripped = copy.deepcopy(data)
     remove_ours(stripped)
-    return form.dump(stripped).strip() in ("", "{}")
+    return form.dump(stripped, "").strip() in ("", "{}")
 
 
 def _remove(
-    path: Path, real: Path, backup: Path, form: _Format, data: Any, after: str
+    path: Path, real: Path, backup: Path, form: _Format, data: Any, after: str, *, last: bool
 ) -> ConfigChange:
-    """Write ``after`` (the file without an entry of ours), as close to the original as can be."""
+    """Write ``after`` (the file without an entry of ours), as close to the original as can be.
+
+    Once the last entry of ours is out, the backup has served: it goes, unless the
+    file's original bytes cannot be given back (something else changed since
+    install, which stays), and even then, since every entry of ours is gone.
+    """
     if backup.exists():
         original = form.load(backup)
         if form.parsed(original, backup) == form.parsed(data, real):
@@ -232,9 +252,10 @@ def _remove(
             backup.unlink()
             return ConfigChange(path, "removed", "", note="restored byte for byte")
         atomic_write(real, after.encode("utf-8"))
-        return ConfigChange(
-            path, "removed", "", backup, "changed since install: the original stays in the backup"
-        )
+        if last:
+            backup.unlink()
+            return ConfigChange(path, "removed", "", note="other changes made since install stay")
+        return ConfigChange(path, "removed", "", backup)
     if after.strip() in ("", "{}"):  # install created it, and it holds nothing else
         real.unlink()
         if real.parent.name in (".claude", ".codex", ".gemini") and not any(real.parent.iterdir()):
@@ -369,12 +390,17 @@ def _toml_entry(program: str, senv: ServerEnv) -> dict[str, Any]:
     return entry
 
 
+_OUR_TOML_KEYS = ("command", "args", "env", "env_vars")
+
+
 def _add_toml_server(name: str, program: str, senv: ServerEnv, path: Path) -> ConfigChange:
     """Append ``[mcp_servers.<name>]`` as text: the rest of the file is not touched.
 
     The result is parsed again and must equal the old configuration plus this one
     server, so a layout where appending a table would change meaning (say, a
-    dotted ``mcp_servers`` key) is refused instead of written.
+    dotted ``mcp_servers`` key) is refused instead of written. Tables Codex adds
+    under the server (``[mcp_servers.<name>.tools.<tool>]`` when the user allows
+    a tool for good) stay.
     """
 
     def change(holder: dict[str, str]) -> str:
@@ -383,10 +409,13 @@ def _add_toml_server(name: str, program: str, senv: ServerEnv, path: Path) -> Co
         existing = _toml_servers(data, path).get(name)
         _check_name(existing, name, path)
         wanted = _toml_entry(program, senv)
-        if existing == wanted:
+        if (
+            existing is not None
+            and {k: existing[k] for k in _OUR_TOML_KEYS if k in existing} == wanted
+        ):
             return "unchanged"
         if existing is not None:  # ours, as another install wrote it: take it out first
-            text = _without_toml_server(text, name, path)
+            text = _without_toml_server(text, name, path, whole=False)
             data = _parse_toml(text, path)
         updated = (
             text
@@ -394,7 +423,8 @@ def _add_toml_server(name: str, program: str, senv: ServerEnv, path: Path) -> Co
             + _toml_block(name, program, senv)
         )
         expected = json.loads(json.dumps(data))
-        expected.setdefault("mcp_servers", {})[name] = wanted
+        servers = expected.setdefault("mcp_servers", {})
+        servers[name] = {**servers.get(name, {}), **wanted}
         if _parse_toml(updated, path) != expected:
             raise InvalidInput(
                 f"{path}: adding [mcp_servers.{name}] at the end would change other settings "
@@ -407,20 +437,34 @@ def _add_toml_server(name: str, program: str, senv: ServerEnv, path: Path) -> Co
     return _with_what(_edit(path, _TOML, change, strip), f"[mcp_servers.{name}]")
 
 
-def _without_toml_server(text: str, name: str, path: Path) -> str:
-    """``text`` without the ``[mcp_servers.<name>]`` table install appended."""
-    pattern = re.compile(
+def _without_toml_server(text: str, name: str, path: Path, *, whole: bool = True) -> str:
+    """``text`` without the ``[mcp_servers.<name>]`` table install appended.
+
+    ``whole`` takes the tables under it too (``[mcp_servers.<name>.tools.x]``,
+    written by Codex when the user allowed a tool for good): they belong to the
+    server that goes.
+    """
+    ours = re.compile(
         rf"\n?\[mcp_servers\.{re.escape(name)}\]\ncommand = [^\n]*\nargs = \[\"serve\"\]\n"
         r"(?:env = \{[^\n]*\}\n)?(?:env_vars = \[[^\n]*\]\n)?"
     )
+    under = re.compile(rf"\n?\[mcp_servers\.{re.escape(name)}\.[^\]\n]+\]\n(?:(?!\[)[^\n]*\n)*")
     data = _parse_toml(text, path)
     expected = copy.deepcopy(data)
     servers = expected.get("mcp_servers", {})
-    servers.pop(name, None)
+    if whole:
+        servers.pop(name, None)
+    else:
+        kept = {k: v for k, v in servers.get(name, {}).items() if k not in _OUR_TOML_KEYS}
+        servers[name] = kept
+        if not kept:
+            servers.pop(name)
     if not servers:
         expected.pop("mcp_servers", None)
-    for match in pattern.finditer(text):
+    for match in ours.finditer(text):
         candidate = text[: match.start()] + text[match.end() :]
+        if whole:
+            candidate = under.sub("", candidate)
         if _parse_toml(candidate, path) == expected:
             return candidate
     raise InvalidInput(

@@ -33,7 +33,7 @@ from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
 from mcp.server.mcpserver.resolve import ListRoots, Resolve
 from mcp.server.mcpserver.tools import Tool
-from mcp_types import ListRootsResult
+from mcp_types import ListRootsResult, ToolAnnotations
 from pydantic import BaseModel, Field, ValidationError
 
 from memory_mcp import __version__, views
@@ -168,7 +168,7 @@ async def _roots_if_needed(cwd: str | None, ctx: Context) -> ListRoots | None:
 Roots = Annotated[ListRootsResult | None, Resolve(_roots_if_needed)]
 Cwd = Annotated[
     str | None,
-    Field(description="Absolute project dir (default: client root, else server cwd)."),
+    Field(description="Absolute project dir; default: client root, else server cwd."),
 ]
 Query = Annotated[str, Field(description="What to look for.")]
 
@@ -253,8 +253,9 @@ def compact_schema(schema: Any, *, nullable: bool = False) -> Any:
     ``additionalProperties: true`` (the default anyway) goes too. In an input
     schema an optional argument is advertised as its plain type with no default
     (absent means "not given"; the arguments model still accepts null). An
-    output schema keeps its ``null`` arms but loses its defaults: a result always
-    carries every field.
+    output schema keeps its ``null`` arms but loses its defaults and its
+    ``required`` lists: a result always carries every field, so they would say
+    nothing (and every agent pays for them on every turn).
     """
     if isinstance(schema, list):
         return [compact_schema(item, nullable=nullable) for item in schema]
@@ -267,7 +268,7 @@ def compact_schema(schema: Any, *, nullable: bool = False) -> Any:
             out[key] = {name: compact_schema(sub, nullable=nullable) for name, sub in value.items()}
         elif key == "title" or (key == "additionalProperties" and value is True):
             continue
-        elif not (key == "default" and nullable):
+        elif not (key in ("default", "required") and nullable):
             out[key] = compact_schema(value, nullable=nullable)
     arms = out.get("anyOf")
     if not nullable and isinstance(arms, list):
@@ -278,6 +279,16 @@ def compact_schema(schema: Any, *, nullable: bool = False) -> Any:
             if out.get("default", 0) is None:
                 del out["default"]
     return out
+
+
+# What a client may infer about each tool, so that Codex runs them without asking
+# every time (it asks for a tool with no hints): searching only reads; storing only
+# adds to the project's memory (never deletes, touches nothing outside it).
+# memory_forget has none: archiving is the user's to approve.
+READS = ToolAnnotations(read_only_hint=True)
+WRITES_MEMORY = ToolAnnotations(
+    read_only_hint=False, destructive_hint=False, open_world_hint=False
+)
 
 
 _EXPECTED = {
@@ -348,9 +359,11 @@ def build_server(memory: MemoryService) -> MCPServer[Any]:
     """The MCP server over an open ``MemoryService``."""
     tools: list[Tool] = []
 
-    def tool(name: str | None = None) -> Callable[[ToolFn], ToolFn]:
+    def tool(
+        name: str | None = None, *, hints: ToolAnnotations | None = None
+    ) -> Callable[[ToolFn], ToolFn]:
         def register(fn: ToolFn) -> ToolFn:
-            made = CheckedTool.from_function(fn, name=name)
+            made = CheckedTool.from_function(fn, name=name, annotations=hints)
             made.parameters = compact_schema(made.parameters)
             if made.fn_metadata.output_schema is not None:
                 made.fn_metadata.output_schema = compact_schema(
@@ -361,7 +374,7 @@ def build_server(memory: MemoryService) -> MCPServer[Any]:
 
         return register
 
-    @tool()
+    @tool(hints=WRITES_MEMORY)
     async def memory_store(
         content: Annotated[str, Field(description="The durable point, in a sentence or two.")],
         ctx: Context,
@@ -395,7 +408,7 @@ def build_server(memory: MemoryService) -> MCPServer[Any]:
         )
         return Stored.model_validate(views.stored(result))
 
-    @tool()
+    @tool(hints=READS)
     async def memory_search(
         query: Query,
         roots: Roots,
@@ -425,7 +438,7 @@ def build_server(memory: MemoryService) -> MCPServer[Any]:
         )
         return _results(result)
 
-    @tool()
+    @tool(hints=READS)
     async def project_search(
         query: Query,
         roots: Roots,
@@ -437,7 +450,7 @@ def build_server(memory: MemoryService) -> MCPServer[Any]:
         result = await _call(memory.project_search(query, cwd=where, limit=limit))
         return _results(result)
 
-    @tool(name="searchUnifiedMemory")
+    @tool(name="searchUnifiedMemory", hints=READS)
     async def search_unified_memory(
         query: Query,
         roots: Roots,
@@ -471,7 +484,7 @@ def build_server(memory: MemoryService) -> MCPServer[Any]:
         record = await _call(memory.forget(id, reason=reason, cwd=where, anywhere=False))
         return Forgotten.model_validate(views.forgotten(record))
 
-    @tool()
+    @tool(hints=READS)
     async def memory_brief(roots: Roots, cwd: Cwd = None) -> BriefOut:
         """The project's memory brief: goal, plan, key facts and recent work."""
         from memory_mcp.brief import build_brief

@@ -377,9 +377,9 @@ class Home:
 
 
 # How a user grants a non-interactive session memory-mcp's tools, per CLI: Claude
-# Code's --allowedTools; Codex's approval_mode = "approve" for a tool (what Codex
-# writes to config.toml when its user answers "Allow and don't ask me again"), here
-# for this one run with -c; Gemini CLI's policy rules (--policy).
+# Code's --allowedTools; Gemini CLI's policy rules (--policy). Codex needs no grant:
+# memory-mcp's tools say what they do (readOnlyHint on the searches; memory_store
+# neither destructive nor open-world), and Codex runs such tools without asking.
 
 
 def _claude_argv(home: Home, prompt: str, memory_tools: bool) -> list[str]:
@@ -388,13 +388,8 @@ def _claude_argv(home: Home, prompt: str, memory_tools: bool) -> list[str]:
 
 
 def _codex_argv(home: Home, prompt: str, memory_tools: bool) -> list[str]:
-    approvals = [
-        f'mcp_servers.memory.tools.{tool}.approval_mode="approve"'
-        for tool in ("memory_search", "memory_store")
-        if memory_tools
-    ]
-    grant = [word for approval in approvals for word in ("-c", approval)]
-    return ["codex", "exec", "--color", "never", *grant, prompt]
+    del memory_tools  # no grant: the tools' annotations suffice (see above)
+    return ["codex", "exec", "--color", "never", prompt]
 
 
 def _gemini_argv(home: Home, prompt: str, memory_tools: bool) -> list[str]:
