@@ -80,3 +80,20 @@ def test_the_models_threads_sleep_when_idle(real_embedder: FastEmbedEmbedder) ->
     assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
     assert ort.SessionOptions().get_session_config_entry  # the class is the original again
     assert type(ort.SessionOptions()) is ort.capi.onnxruntime_pybind11_state.SessionOptions
+
+
+async def test_an_unrelated_question_gets_no_padding(
+    real_memory: MemoryService, project: Path
+) -> None:
+    """With nothing relevant stored, a search answers with nothing rather than filler."""
+    from memory_mcp.bench.perf import generate
+    from memory_mcp.service import StoreRequest
+
+    await real_memory.store_many(
+        [StoreRequest(text, kind=kind, cwd=project) for kind, text, _ in generate(120)]
+    )
+    for question in ("What is the capital of France?", "What's your favourite pizza topping?"):
+        found = await real_memory.search(question, cwd=project)
+        assert found.mode == "hybrid" and found.hits == [], [h.record.content for h in found.hits]
+    related = await real_memory.search("which port does the API listen on", cwd=project)
+    assert related.hits, "a related question still finds what there is"

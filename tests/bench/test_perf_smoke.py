@@ -110,3 +110,25 @@ async def test_a_fill_stopped_while_writing_cannot_resume(tmp_path: Path) -> Non
         await memory.store("half of an import", cwd=tmp_path / "other-0")
         with pytest.raises(FillInterrupted, match="remove the folder"):
             await fill(memory, root, Fill(memories=20))
+
+
+def test_bench_cli_times_each_command_as_a_whole_process(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A tiny bench cli run: every command runs and is timed (no timing is checked)."""
+    from memory_mcp.bench.commands import COMMANDS, run_commands_bench
+
+    monkeypatch.setenv("MEMORY_MCP_EMBEDDER_BACKEND", "bm25")  # the model is not the point here
+    report = run_commands_bench(memories=20, runs=1, uncached=False)
+    data = report.to_json()
+    assert [c["command"] for c in data["commands"]] == [
+        "--version",
+        "status",
+        "brief",
+        "brief --hook",
+        "inject",
+        "store",
+        "search",
+    ]
+    assert len(data["commands"]) == len(COMMANDS)
+    assert all(c["median_s"] > 0 and c["target_s"] in (0.3, 1.0) for c in data["commands"])
