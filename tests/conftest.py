@@ -40,6 +40,9 @@ def model_path() -> Path:
     if (beside / "model.onnx").is_file():
         return beside
     try:
+        offline = FastEmbedEmbedder(MODEL_NAME).can_download()  # seconds, not fastembed's retries
+        if offline:
+            raise RuntimeError(offline)
         from fastembed import TextEmbedding
 
         folder = Path(TextEmbedding(MODEL_NAME).model._model_dir)
