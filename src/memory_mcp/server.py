@@ -286,9 +286,7 @@ def compact_schema(schema: Any, *, nullable: bool = False) -> Any:
 # adds to the project's memory (never deletes, touches nothing outside it).
 # memory_forget has none: archiving is the user's to approve.
 READS = ToolAnnotations(read_only_hint=True)
-WRITES_MEMORY = ToolAnnotations(
-    read_only_hint=False, destructive_hint=False, open_world_hint=False
-)
+WRITES_MEMORY = ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False)
 
 
 _EXPECTED = {
