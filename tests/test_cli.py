@@ -489,3 +489,43 @@ def test_the_hook_stays_silent_when_the_prompt_file_already_has_the_brief(
     assert code == 0 and json.loads(out) == {}
     code, out, _ = run("brief", "--hook", "--agent", "gemini", cwd=project)
     assert "Docs live in docs/" in json.loads(out)["hookSpecificOutput"]["additionalContext"]
+
+
+def test_only_status_asks_the_network_whether_a_missing_model_could_be_downloaded(
+    project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SessionStart hook must not wait on a connection it does not need."""
+    import socket
+
+    calls: list[object] = []
+
+    def unreachable(address: object, *args: object, **kwargs: object) -> socket.socket:
+        calls.append(address)
+        raise OSError("network is unreachable")
+
+    monkeypatch.delenv(MODEL_ENV, raising=False)
+    monkeypatch.setenv("MEMORY_MCP_EMBEDDER_CACHE_DIR", str(tmp_path / "no-models"))
+    monkeypatch.setattr(socket, "create_connection", unreachable)
+    for command in (["brief"], ["brief", "--hook"], ["inject"], ["conflicts"]):
+        assert run(*command, cwd=project)[0] == 0
+    assert calls == []
+    code, out, _ = run("status", cwd=project)
+    assert code == 0 and calls == [("huggingface.co", 443)]
+    assert "cannot be downloaded: huggingface.co cannot be reached" in out
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.internal:3128")
+    code, out, _ = run("status", cwd=project)
+    assert len(calls) == 1 and "the first command or server that needs it downloads it" in out
+
+
+def test_install_all_goes_on_past_a_broken_file_and_says_which(
+    project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "home"
+    (home / ".codex").mkdir(parents=True)
+    (home / ".codex" / "config.toml").write_text("model = \n")
+    monkeypatch.setenv("HOME", str(home))
+    code, out, err = run("install", "all", cwd=project)
+    assert code == 65
+    assert f"{home / '.claude.json'}: MCP server 'memory' added" in out
+    assert f"{home / '.gemini' / 'settings.json'}: MCP server 'memory' added" in out
+    assert "error (codex):" in err and "not valid TOML" in err

@@ -95,3 +95,32 @@ def test_a_malformed_config_file_is_reported_with_its_path(tmp_path: Path) -> No
     user.write_text("[ranking\n", encoding="utf-8")
     with pytest.raises(ConfigError, match=r"user\.toml"):
         load_settings(env={"MEMORY_MCP_CONFIG": str(user)})
+
+
+@pytest.mark.parametrize(
+    ("word", "value"), [("no", False), ("off", False), ("yes", True), ("On", True)]
+)
+def test_boolean_words_in_the_environment(word: str, value: bool) -> None:
+    loaded = load_settings(env={"MEMORY_MCP_MAINTENANCE_ENABLED": word})
+    assert loaded.settings.maintenance.enabled is value
+
+
+def test_a_bad_choice_lists_the_choices_and_an_unknown_section_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"embedder\.backend: .*use one of: auto, fastembed"):
+        load_settings(env={"MEMORY_MCP_EMBEDDER_BACKEND": "fast"})
+    user = tmp_path / "user.toml"
+    user.write_text("[serch]\ncandidates = 3\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="serch: unknown setting"):
+        load_settings(env={"MEMORY_MCP_CONFIG": str(user)})
+
+
+def test_an_empty_or_unexpanded_variable_does_not_override_the_config_file(
+    tmp_path: Path,
+) -> None:
+    """A CLI passes "${NAME}" as is when it lacks NAME: the config file's value stands."""
+    user = tmp_path / "user.toml"
+    user.write_text('[embedder]\nopenai_api_key = "sk-from-file"\n', encoding="utf-8")
+    name = "MEMORY_MCP_EMBEDDER_OPENAI_API_KEY"
+    for value in ("${" + name + "}", "$" + name, ""):
+        loaded = load_settings(env={"MEMORY_MCP_CONFIG": str(user), name: value})
+        assert loaded.settings.embedder.openai_api_key == "sk-from-file"

@@ -421,3 +421,102 @@ def test_a_json_file_keeps_its_style_when_the_cli_rewrote_it_meanwhile(
     uninstall("claude", "user", project, home=home)
     assert claude.read_text() == json.dumps({"numStartups": 2, "theme": "dark"}, indent=2)
     assert not list(home.rglob("*.memory-mcp.bak"))
+
+
+def test_a_setting_dropped_from_the_shell_leaves_every_entry_on_reinstall(
+    tmp_path: Path, project: Path
+) -> None:
+    """Otherwise Claude and Gemini would keep the old store while Codex moved on."""
+    import tomllib
+
+    home = tmp_path / "h"
+    home.mkdir()
+    old = {"HOME": str(home), "MEMORY_MCP_DATA_DIR": "/old/store"}
+    for agent in ("claude", "codex", "gemini"):
+        install(agent, "user", project, home=home, program="memory-mcp", env=old)  # type: ignore[arg-type]
+    claude = home / ".claude.json"
+    data = json.loads(claude.read_text())
+    data["mcpServers"]["memory"]["env"]["HTTPS_PROXY"] = "http://proxy:3128"  # the user's
+    claude.write_text(json.dumps(data, indent=2))
+    codex = home / ".codex" / "config.toml"
+    codex.write_text(
+        codex.read_text().replace("env = { ", 'env = { RUST_LOG = "debug", ')
+        + "startup_timeout_sec = 30\n"
+    )
+    for agent in ("claude", "codex", "gemini"):
+        install(agent, "user", project, home=home, program="memory-mcp", env={"HOME": str(home)})  # type: ignore[arg-type]
+    assert json.loads(claude.read_text())["mcpServers"]["memory"]["env"] == {
+        "HTTPS_PROXY": "http://proxy:3128"
+    }
+    gemini = json.loads((home / ".gemini" / "settings.json").read_text())
+    assert gemini["mcpServers"]["memory"]["env"] == {}
+    server = tomllib.loads(codex.read_text())["mcp_servers"]["memory"]
+    assert server["env"] == {"RUST_LOG": "debug"} and server["startup_timeout_sec"] == 30
+    for agent in ("claude", "codex", "gemini"):
+        uninstall(agent, "user", project, home=home)  # type: ignore[arg-type]
+    assert not codex.exists(), "install made it; the user's lines were inside our table"
+
+
+def test_a_codex_table_the_user_added_to_is_updated_and_removed_whole(
+    home: Path, project: Path
+) -> None:
+    config = home / ".codex" / "config.toml"
+    original = config.read_bytes()
+    install("codex", "user", project, home=home, program="memory-mcp", env={})
+    config.write_text(config.read_text() + "startup_timeout_sec = 30\n")
+    env = {"MEMORY_MCP_DATA_DIR": "/store"}
+    [changed] = install("codex", "user", project, home=home, program="memory-mcp", env=env)
+    assert changed.outcome == "updated"
+    assert "startup_timeout_sec = 30\n" in config.read_text()
+    uninstall("codex", "user", project, home=home)
+    assert config.read_bytes() == original and not list(home.rglob("*.memory-mcp.bak"))
+
+
+def test_relative_paths_are_written_absolute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Servers start in each project's folder: a relative path would mean a store per project."""
+    monkeypatch.chdir(tmp_path)
+    values = server_env(
+        {
+            "HOME": str(tmp_path),
+            "MEMORY_MCP_DATA_DIR": "store",
+            "MEMORY_MCP_EMBEDDER_MODEL_PATH": "./models/minilm",
+        }
+    ).values
+    assert values == {
+        "MEMORY_MCP_DATA_DIR": str(tmp_path / "store"),
+        "MEMORY_MCP_EMBEDDER_MODEL_PATH": str(tmp_path / "models" / "minilm"),
+    }
+
+
+def test_an_empty_file_the_user_had_stays_after_uninstall(tmp_path: Path, project: Path) -> None:
+    home = tmp_path / "h"
+    (home / ".claude").mkdir(parents=True)
+    (home / ".claude" / "settings.json").write_text("{}")
+    install("claude", "user", project, hook=True, home=home, program="memory-mcp", env={})
+    uninstall("claude", "user", project, home=home)
+    assert (home / ".claude" / "settings.json").read_text() == "{}"
+
+
+def test_an_inline_codex_server_table_and_a_bad_name_are_refused_plainly(
+    home: Path, project: Path
+) -> None:
+    config = home / ".codex" / "config.toml"
+    inline = 'mcp_servers = { other = { command = "x", args = [] } }\n'
+    config.write_text(inline)
+    with pytest.raises(InvalidInput, match="add it by hand") as refused:
+        install("codex", "user", project, home=home, program="memory-mcp", env={})
+    assert "not valid TOML" not in str(refused.value) and config.read_text() == inline
+    with pytest.raises(InvalidInput, match="letters, digits"):
+        install("claude", "user", project, home=home, program="memory-mcp", name="my mem")
+
+
+def test_a_shared_project_file_carries_no_personal_settings(tmp_path: Path, project: Path) -> None:
+    home = tmp_path / "h"
+    home.mkdir()
+    env = {"HOME": str(home), "MEMORY_MCP_DATA_DIR": "/home/alice/store"}
+    install("claude", "project", project, home=home, program="memory-mcp", env=env)
+    assert json.loads((project / ".mcp.json").read_text())["mcpServers"]["memory"]["env"] == {}
+    steps = todo("codex", "project", project, hook=False, home=home, env=env)
+    assert any("MEMORY_MCP_DATA_DIR" in step and "config.toml" in step for step in steps)

@@ -929,3 +929,19 @@ async def test_the_secrets_task_is_off_with_the_scan(
     [due] = await Maintenance(memory).run(["secrets"], due_only=True)
     assert due.skipped == "write.secrets is off"
     assert "s3cr3tP4ss" in json.dumps(await _snapshot(memory))
+
+
+async def test_the_secrets_task_rewrites_only_secrets_whose_shape_names_them(
+    memory: MemoryService, project: Path
+) -> None:
+    """A labelled value is a guess: shown redacted, never rewritten in the store."""
+    labelled = await plant(memory, "The staging password is Hunter2-staging!", project, scan=False)
+    words = await plant(memory, "The login flow uses auth: oauth2 with PKCE", project, scan=False)
+    [report] = await Maintenance(memory).run(["secrets"])
+    assert report.counts.get("redacted", 0) == 0
+    assert (await memory.get(labelled.id)).content == "The staging password is Hunter2-staging!"
+    assert (await memory.get(words.id)).content == "The login flow uses auth: oauth2 with PKCE"
+    shown = await memory.search("staging password", cwd=project)
+    assert [h.record.content for h in shown.hits] == [
+        "The staging password is [REDACTED:password-assignment]"
+    ]

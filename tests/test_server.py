@@ -305,6 +305,12 @@ async def test_hits_say_what_they_supersede_and_which_conflict_they_are_in(
         conflicts = {r["id"]: r["meta"]["conflict"] for r in found["results"]}
         assert {c["id"] for c in conflicts.values()} == {flagged["conflict_id"]}
         assert conflicts[flagged["id"]]["with"]["content"] == "Always squash commits before merging"
+        [older] = [rid for rid in conflicts if rid != flagged["id"]]
+        assert conflicts[older]["with"] == {  # each side shows the other, both in the results
+            "id": flagged["id"],
+            "content": "Never squash commits before merging",
+            "created_at": (await memory.get(flagged["id"])).created_at,
+        }
         unified = await call(c, "searchUnifiedMemory", query="squash commits", cwd=str(project))
         assert len(unified["results"]) == 2
         assert all(

@@ -315,3 +315,30 @@ async def test_a_server_loads_its_projects_vectors_ahead_of_use(
         assert fresh.db.vector_copy_bytes == 0
         await fresh.warm_up(project)
         assert fresh.db.vector_copy_bytes > 0
+
+
+async def test_a_record_without_a_vector_is_as_relevant_as_the_share_of_the_question_it_holds(
+    memory: MemoryService, project: Path
+) -> None:
+    """One shared word with a three-word question is not full relevance."""
+    from memory_mcp.scope import project_scope
+    from memory_mcp.write import prepare
+
+    await memory.store("Releases are tagged by the release job", cwd=project)
+    draft = prepare(
+        "Friday standups were moved to the afternoon",
+        kind="fact",
+        scope=project_scope(project),
+        importance=None,
+        tags=(),
+        agent="test",
+        at=memory.clock(),
+        settings=memory.settings.write,
+    )
+    async with memory.db.write() as tx:  # stored while the model was away: no vector
+        await tx.insert(draft.record, None)
+    asked = await memory.search("what is the weather on Friday in Paris", cwd=project)
+    [hit] = [h for h in asked.hits if h.record.id == draft.record.id]
+    assert abs(hit.relevance - 1 / 3) < 1e-6  # friday, of weather / friday / paris
+    direct = await memory.search("friday standups", cwd=project)
+    assert direct.hits[0].record.id == draft.record.id and direct.hits[0].relevance == 1.0

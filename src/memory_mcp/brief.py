@@ -101,6 +101,9 @@ def _one_line(text: str, limit: int, *, redact: bool) -> str:
     are redacted by the current rules (the memory may predate one of them)."""
     if redact:
         head = text[: limit + _SCAN_BEYOND]
+        space = max(head.rfind(" "), head.rfind("\n"))
+        if len(head) < len(text) and space > len(head) - 100:
+            head = head[:space]  # cut at a space: no half of a token (a PEM line) stays
         text = redact_text(head) + (" …" if len(head) < len(text) else "")
     flat = _TILDES.sub("~~", " ".join(text.split()))
     return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"

@@ -132,6 +132,7 @@ def _with_memory(
     database: Path | None = None,
     needs_vectors: bool = False,
     embeds: bool = True,
+    probe: bool = False,
 ) -> T:
     """Run ``use`` with the service open.
 
@@ -144,7 +145,9 @@ def _with_memory(
 
     async def work() -> T:
         loaded = _settings(cwd)
-        async with _open_memory(loaded, database, needs_vectors, embeds=embeds) as memory:
+        async with _open_memory(
+            loaded, database, needs_vectors, embeds=embeds, probe=probe
+        ) as memory:
             return await use(memory)
 
     return _run(work)
@@ -152,10 +155,17 @@ def _with_memory(
 
 @asynccontextmanager
 async def _open_memory(
-    settings: LoadedSettings, database: Path | None, needs_vectors: bool, *, embeds: bool = True
+    settings: LoadedSettings,
+    database: Path | None,
+    needs_vectors: bool,
+    *,
+    embeds: bool = True,
+    probe: bool = False,
 ) -> AsyncIterator[MemoryService]:
     """The service; with ``needs_vectors``, after waiting for a model download too."""
-    async with MemoryService.open(settings, database=database, load_embedder=embeds) as memory:
+    async with MemoryService.open(
+        settings, database=database, load_embedder=embeds, probe_network=probe
+    ) as memory:
         if needs_vectors:
             await memory.embeddings.settle()
             state = memory.embeddings.status()
@@ -308,7 +318,7 @@ def _print_hit(hit: Hit, now: datetime) -> None:
         text = f": {_short(other['content'], 100)}" if "content" in other else ""
         out.print(
             f"      CONFLICT #{conflict['id']} with {other['id']}{text} "
-            f"(memory-mcp conflicts resolve {conflict['id']})"
+            f"(memory-mcp conflicts resolve {conflict['id']} --keep new|old|both|merged)"
         )
 
 
@@ -654,11 +664,15 @@ def install(
     root = project_root(cwd)
     changes: list[ConfigChange] = []
     steps: list[str] = []
-    with _engine_errors():
-        for cli in which:
+    failed: list[tuple[str, MemoryMcpError]] = []
+    for cli in which:  # one CLI's broken file does not stop the others
+        try:
             changes += add(cli, where, root, hook=hook, name=name)
-            steps += todo(cli, where, root, hook=hook)
+            steps += todo(cli, where, root, hook=hook, name=name, env=os.environ)
+        except MemoryMcpError as exc:
+            failed.append((cli, exc))
     _report_config(changes, as_json, steps)
+    _fail_with(failed)
 
 
 @app.command()
@@ -674,10 +688,22 @@ def uninstall(
 
     which, where = _install_args(agent, scope)
     changes: list[ConfigChange] = []
-    with _engine_errors():
-        for cli in which:
+    failed: list[tuple[str, MemoryMcpError]] = []
+    for cli in which:
+        try:
             changes += remove(cli, where, project_root(cwd), name=name)
+        except MemoryMcpError as exc:
+            failed.append((cli, exc))
     _report_config(changes, as_json, [])
+    _fail_with(failed)
+
+
+def _fail_with(failed: list[tuple[str, MemoryMcpError]]) -> None:
+    """Each CLI that failed, with why; the exit code of the first."""
+    for cli, exc in failed:
+        err.print(f"error ({cli}): {exc}")
+    if failed:
+        raise typer.Exit(failed[0][1].exit_code)
 
 
 @app.command()
@@ -689,7 +715,7 @@ def status(cwd: CwdOption = None, as_json: JsonOption = False) -> None:
 
     from memory_mcp.install import inspect
 
-    info = _with_memory(cwd, use, embeds=False)
+    info = _with_memory(cwd, use, embeds=False, probe=True)
     project = str(project_root(cwd))
     agents = inspect(project_root(cwd))
     if as_json:

@@ -321,7 +321,8 @@ class MaintenanceSettings(_Section):
         Meta(
             description=(
                 "Run the maintenance loop inside `memory-mcp serve` (re-embed, consolidate, "
-                "insights, staleness, purge). `memory-mcp maintain` runs it on demand either way."
+                "insights, staleness, purge, secrets). `memory-mcp maintain` runs it on demand "
+                "either way."
             )
         ),
     ] = True
@@ -639,10 +640,16 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"cannot read config file {path}: {exc}") from None
 
 
+_BOOLEAN_WORDS = {
+    **dict.fromkeys(("true", "yes", "on", "1"), True),
+    **dict.fromkeys(("false", "no", "off", "0"), False),
+}
+
+
 def _env_layer(env: Mapping[str, str]) -> dict[str, Any]:
     by_var = {info.env_var: info for info in iter_settings()}
     layer: dict[str, Any] = {}
-    for name, value in env.items():
+    for name, raw in env.items():
         if not name.startswith(ENV_PREFIX) or name == USER_CONFIG_ENV:
             continue
         info = by_var.get(name)
@@ -650,6 +657,13 @@ def _env_layer(env: Mapping[str, str]) -> dict[str, Any]:
             raise ConfigError(
                 f"unknown environment variable {name}; see config.example.toml for the settings"
             )
+        value: Any = raw.strip()
+        if not value or value in (f"${name}", f"${{{name}}}"):
+            # Unset in effect: empty, or a CLI's "${NAME}" for a variable it does not have
+            # (the value must not override the config file's with the placeholder).
+            continue
+        if isinstance(info.default, bool):
+            value = _BOOLEAN_WORDS.get(value.casefold(), value)
         if info.section:
             layer.setdefault(info.section, {})[info.key] = value
         else:
@@ -670,13 +684,36 @@ def _merge(into: dict[str, Any], layer: Mapping[str, Any]) -> None:
 def describe_errors(exc: msgspec.ValidationError) -> str:
     """A validation error as ``where: what`` (``ranking.prior_weight: Expected ...``)."""
     message, found, where = str(exc).rpartition(" - at `$")
-    if not found:
-        return str(exc)
-    path = where.rstrip("`").lstrip(".")
+    if not found:  # the top level
+        message, path = str(exc), ""
+    else:
+        path = where.rstrip("`").lstrip(".")
     unknown = re.fullmatch(r"Object contains unknown field `(.+)`", message)
     if unknown:
         return f"{path + '.' if path else ''}{unknown.group(1)}: unknown setting"
-    return f"{path}: {message}"
+    choices = _choices(path)
+    if choices:
+        message += f"; use one of: {', '.join(choices)}"
+    return f"{path}: {message}" if path else message
+
+
+def _choices(path: str) -> tuple[str, ...]:
+    """The values a ``Literal`` setting at ``path`` (``embedder.backend``) takes."""
+    for info in iter_settings():
+        if info.dotted == path:
+            kind = next((f.type for f in _fields_of(info.section) if f.name == info.key), None)
+            while get_origin(kind) is Annotated:
+                kind = get_args(kind)[0]
+            if get_origin(kind) is Literal:
+                return tuple(str(c) for c in get_args(kind))
+    return ()
+
+
+def _fields_of(section: str) -> tuple[msgspec.structs.FieldInfo, ...]:
+    if not section:
+        return msgspec.structs.fields(Settings)
+    top = next(f for f in msgspec.structs.fields(Settings) if f.name == section)
+    return msgspec.structs.fields(top.type)
 
 
 def _describe(exc: msgspec.ValidationError, sources: list[str]) -> str:

@@ -66,6 +66,15 @@ _MATCHERS: dict[Agent, str | None] = {
 # default list); a server must find its settings with nothing more.
 MINIMAL_ENV = ("HOME", "LOGNAME", "PATH", "SHELL", "USER", "LANG", "LC_ALL", "TERM", "TMPDIR", "TZ")
 _SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSWORD")
+_PATHS = frozenset(
+    {
+        "MEMORY_MCP_CONFIG",
+        "MEMORY_MCP_DATA_DIR",
+        "MEMORY_MCP_EMBEDDER_MODEL_PATH",
+        "MEMORY_MCP_EMBEDDER_CACHE_DIR",
+    }
+)
+_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 @dataclass(frozen=True)
@@ -97,9 +106,11 @@ def server_env(env: Mapping[str, str]) -> ServerEnv:
     values: dict[str, str] = {}
     forwarded: list[str] = []
     for name, value in sorted(env.items()):
-        if name.startswith("MEMORY_MCP_"):
+        if name.startswith("MEMORY_MCP_") and value.strip():
             if _SECRET.search(name.removeprefix("MEMORY_MCP_")):
                 forwarded.append(name)
+            elif name in _PATHS:  # servers start in each project: a relative path would move
+                values[name] = os.path.abspath(os.path.expanduser(value))
             else:
                 values[name] = value
     minimal = {k: env[k] for k in MINIMAL_ENV if k in env}
@@ -231,9 +242,11 @@ def _edit(
 
 
 def _only_ours(data: Any, form: _Format, remove_ours: Callable[[Any], object]) -> bool:
+    """Whether ``data`` holds entries of ours and nothing else (an empty file is the user's)."""
     stripped = copy.deepcopy(data)
     remove_ours(stripped)
-    return form.dump(stripped, "").strip() in ("", "{}")
+    left = form.dump(stripped, "")
+    return left != form.dump(data, "") and left.strip() in ("", "{}")
 
 
 def _remove(
@@ -306,13 +319,23 @@ def _check_name(existing: Any, name: str, where: Path) -> None:
 def _set_server(servers: Any, name: str, entry: dict[str, Any], where: Path) -> str:
     existing = servers.get(name)
     _check_name(existing, name, where)
-    # The user's own additions to our entry (timeouts, other variables) stay.
-    env = {**(existing or {}).get("env", {}), **entry["env"]}
+    # The user's own additions to our entry (timeouts, other variables) stay; every
+    # MEMORY_MCP_* variable is install's, so one the shell no longer sets goes.
+    env = {**_users(_mapping((existing or {}).get("env"))), **entry["env"]}
     merged = {**(existing or {}), **entry, "env": env}
     if merged == existing:
         return "unchanged"
     servers[name] = merged
     return "added" if existing is None else "updated"
+
+
+def _users(env: Mapping[str, Any]) -> dict[str, Any]:
+    """The variables of a server entry that are the user's, not install's."""
+    return {k: v for k, v in env.items() if not str(k).startswith("MEMORY_MCP_")}
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
 
 
 def _add_json_server(
@@ -370,15 +393,20 @@ def _toml_servers(data: dict[str, Any], path: Path) -> dict[str, Any]:
     return servers
 
 
-def _toml_block(name: str, program: str, senv: ServerEnv) -> str:
-    """Our ``[mcp_servers.<name>]`` table: a TOML basic string takes JSON's escapes."""
-    lines = [f"[mcp_servers.{name}]", f"command = {json.dumps(program)}", 'args = ["serve"]']
+def _toml_lines(senv: ServerEnv, program: str) -> list[str]:
+    """Our keys of ``[mcp_servers.<name>]``, one line each (a TOML basic string takes
+    JSON's escapes)."""
+    lines = [f"command = {json.dumps(program)}", 'args = ["serve"]']
     if senv.values:
-        pairs = ", ".join(f"{k} = {json.dumps(v)}" for k, v in senv.values.items())
+        pairs = ", ".join(f"{_toml_key(k)} = {json.dumps(v)}" for k, v in senv.values.items())
         lines.append(f"env = {{ {pairs} }}")
     if senv.forwarded:  # Codex passes these on from its own environment, by name
         lines.append(f"env_vars = {json.dumps(list(senv.forwarded))}")
-    return "\n".join(lines) + "\n"
+    return [line + "\n" for line in lines]
+
+
+def _toml_key(key: str) -> str:
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key)
 
 
 def _toml_entry(program: str, senv: ServerEnv) -> dict[str, Any]:
@@ -391,16 +419,44 @@ def _toml_entry(program: str, senv: ServerEnv) -> dict[str, Any]:
 
 
 _OUR_TOML_KEYS = ("command", "args", "env", "env_vars")
+_TABLE = re.compile(r"^\s*\[")
+_OUR_LINE = re.compile(r"^\s*(?:command|args|env|env_vars)\s*=")
+
+
+def _tables(lines: list[str], name: str, *, under: bool) -> list[tuple[int, int]]:
+    """Where ``[mcp_servers.<name>]`` (or, with ``under``, its sub-tables) and their
+    key lines are: (first line, end) spans, a blank line before each included."""
+    own = re.escape(name)
+    header = re.compile(
+        rf"^\s*\[\s*mcp_servers\.{own}\.[^\]]+\]" if under else rf"^\s*\[\s*mcp_servers\.{own}\s*\]"
+    )
+    spans = []
+    for i, line in enumerate(lines):
+        if header.match(line):
+            end = i + 1
+            while end < len(lines) and not _TABLE.match(lines[end]):
+                end += 1
+            while end > i + 1 and not lines[end - 1].strip():
+                end -= 1  # blank lines before the next table are that table's
+            start = i - 1 if i and not lines[i - 1].strip() else i
+            spans.append((start, end))
+    return spans
+
+
+def _cut(lines: list[str], spans: list[tuple[int, int]]) -> list[str]:
+    gone = {i for start, end in spans for i in range(start, end)}
+    return [line for i, line in enumerate(lines) if i not in gone]
 
 
 def _add_toml_server(name: str, program: str, senv: ServerEnv, path: Path) -> ConfigChange:
     """Append ``[mcp_servers.<name>]`` as text: the rest of the file is not touched.
 
-    The result is parsed again and must equal the old configuration plus this one
-    server, so a layout where appending a table would change meaning (say, a
-    dotted ``mcp_servers`` key) is refused instead of written. Tables Codex adds
-    under the server (``[mcp_servers.<name>.tools.<tool>]`` when the user allows
-    a tool for good) stay.
+    A new table goes at the end; an existing one of ours gets its own key lines
+    replaced where it is, so the user's additions to it (``startup_timeout_sec``,
+    their own variables, the ``[mcp_servers.<name>.tools.*]`` tables Codex writes
+    when a tool is allowed for good) stay. The result is parsed again and must
+    equal the old configuration with just this server changed, so a layout where
+    that does not hold (a dotted or inline ``mcp_servers``) is refused, untouched.
     """
 
     def change(holder: dict[str, str]) -> str:
@@ -408,27 +464,42 @@ def _add_toml_server(name: str, program: str, senv: ServerEnv, path: Path) -> Co
         data = _parse_toml(text, path)
         existing = _toml_servers(data, path).get(name)
         _check_name(existing, name, path)
-        wanted = _toml_entry(program, senv)
-        if (
-            existing is not None
-            and {k: existing[k] for k in _OUR_TOML_KEYS if k in existing} == wanted
-        ):
+        old = _mapping(existing)
+        env = {**_users(_mapping(old.get("env"))), **senv.values}
+        kept = [n for n in old.get("env_vars", []) if not str(n).startswith("MEMORY_MCP_")]
+        wanted = ServerEnv(env, (*kept, *senv.forwarded))
+        entry = _toml_entry(program, wanted)
+        if existing is not None and {k: old[k] for k in _OUR_TOML_KEYS if k in old} == entry:
             return "unchanged"
-        if existing is not None:  # ours, as another install wrote it: take it out first
-            text = _without_toml_server(text, name, path, whole=False)
-            data = _parse_toml(text, path)
-        updated = (
-            text
-            + ("" if not text or text.endswith("\n\n") else "\n" if text.endswith("\n") else "\n\n")
-            + _toml_block(name, program, senv)
-        )
+        lines = text.splitlines(keepends=True)
+        if existing is None:
+            gap = (
+                "" if not text or text.endswith("\n\n") else "\n" if text.endswith("\n") else "\n\n"
+            )
+            updated = text + gap + f"[mcp_servers.{name}]\n" + "".join(_toml_lines(wanted, program))
+        else:
+            spans = _tables(lines, name, under=False)
+            if len(spans) != 1:
+                raise InvalidInput(
+                    f"{path}: [mcp_servers.{name}] is not a table of its own; edit it by hand"
+                )
+            start, end = spans[0]
+            header = start if _TABLE.match(lines[start]) else start + 1
+            body = [line for line in lines[header + 1 : end] if not _OUR_LINE.match(line)]
+            updated = "".join(
+                [*lines[: header + 1], *_toml_lines(wanted, program), *body, *lines[end:]]
+            )
         expected = json.loads(json.dumps(data))
         servers = expected.setdefault("mcp_servers", {})
-        servers[name] = {**servers.get(name, {}), **wanted}
-        if _parse_toml(updated, path) != expected:
+        servers[name] = {**{k: v for k, v in old.items() if k not in _OUR_TOML_KEYS}, **entry}
+        try:
+            same = _parse_toml(updated, path) == expected
+        except InvalidInput:
+            same = False
+        if not same:
             raise InvalidInput(
-                f"{path}: adding [mcp_servers.{name}] at the end would change other settings "
-                "(is mcp_servers set with dotted keys?); add it by hand"
+                f"{path}: memory-mcp cannot add [mcp_servers.{name}] without changing other "
+                "settings (is mcp_servers written inline, or with dotted keys?); add it by hand"
             )
         holder["text"] = updated
         return "added" if existing is None else "updated"
@@ -437,38 +508,26 @@ def _add_toml_server(name: str, program: str, senv: ServerEnv, path: Path) -> Co
     return _with_what(_edit(path, _TOML, change, strip), f"[mcp_servers.{name}]")
 
 
-def _without_toml_server(text: str, name: str, path: Path, *, whole: bool = True) -> str:
-    """``text`` without the ``[mcp_servers.<name>]`` table install appended.
-
-    ``whole`` takes the tables under it too (``[mcp_servers.<name>.tools.x]``,
-    written by Codex when the user allowed a tool for good): they belong to the
-    server that goes.
-    """
-    ours = re.compile(
-        rf"\n?\[mcp_servers\.{re.escape(name)}\]\ncommand = [^\n]*\nargs = \[\"serve\"\]\n"
-        r"(?:env = \{[^\n]*\}\n)?(?:env_vars = \[[^\n]*\]\n)?"
-    )
-    under = re.compile(rf"\n?\[mcp_servers\.{re.escape(name)}\.[^\]\n]+\]\n(?:(?!\[)[^\n]*\n)*")
-    data = _parse_toml(text, path)
-    expected = copy.deepcopy(data)
+def _without_toml_server(text: str, name: str, path: Path) -> str:
+    """``text`` without the ``[mcp_servers.<name>]`` table and the tables under it
+    (``[mcp_servers.<name>.tools.x]``, written by Codex when the user allowed a tool
+    for good: they belong to the server that goes)."""
+    lines = text.splitlines(keepends=True)
+    spans = _tables(lines, name, under=False) + _tables(lines, name, under=True)
+    candidate = "".join(_cut(lines, spans))
+    expected = copy.deepcopy(_parse_toml(text, path))
     servers = expected.get("mcp_servers", {})
-    if whole:
-        servers.pop(name, None)
-    else:
-        kept = {k: v for k, v in servers.get(name, {}).items() if k not in _OUR_TOML_KEYS}
-        servers[name] = kept
-        if not kept:
-            servers.pop(name)
+    servers.pop(name, None)
     if not servers:
         expected.pop("mcp_servers", None)
-    for match in ours.finditer(text):
-        candidate = text[: match.start()] + text[match.end() :]
-        if whole:
-            candidate = under.sub("", candidate)
-        if _parse_toml(candidate, path) == expected:
+    try:
+        if spans and _parse_toml(candidate, path) == expected:
             return candidate
+    except InvalidInput:
+        pass
     raise InvalidInput(
-        f"{path}: [mcp_servers.{name}] is not as install wrote it; remove it by hand"
+        f"{path}: [mcp_servers.{name}] is not laid out as a table memory-mcp can take out; "
+        "remove it by hand"
     )
 
 
@@ -609,15 +668,18 @@ def install(
     """Register the MCP server (and, with ``hook``, the SessionStart hook) for ``agent``.
 
     Args:
-        env: the environment whose settings the server entry carries (``server_env``).
+        env: the environment whose settings the server entry carries (``server_env``;
+            at project scope none: the file is shared, the settings are personal).
 
     Raises:
-        InvalidInput: a configuration file cannot be parsed, or another server
-            already uses ``name``.
+        InvalidInput: a configuration file cannot be parsed, another server already
+            uses ``name``, or ``name`` is not a plain name.
     """
+    if not _NAME.fullmatch(name):
+        raise InvalidInput(f"--name {name!r}: use letters, digits, - and _ (at most 64)")
     home = home or Path.home()
     program = program or command()
-    senv = server_env(os.environ if env is None else env)
+    senv = server_env(os.environ if env is None else env) if scope == "user" else ServerEnv()
     target = server_path(agent, scope, root, home)
     if agent == "codex":
         changes = [_add_toml_server(name, program, senv, target)]
@@ -669,18 +731,38 @@ class AgentSetup:
 
 
 def todo(
-    agent: Agent, scope: InstallScope, root: Path, *, hook: bool, home: Path | None = None
+    agent: Agent,
+    scope: InstallScope,
+    root: Path,
+    *,
+    hook: bool,
+    home: Path | None = None,
+    name: str = SERVER_NAME,
+    env: Mapping[str, str] | None = None,
 ) -> list[str]:
-    """What the user must do after ``install`` before ``agent`` uses it, if anything."""
+    """What the user must do after ``install`` before ``agent`` uses it, if anything.
+
+    Args:
+        env: the installing shell's environment; at project scope, settings it holds
+            that Codex's server would miss are named.
+    """
     home = home or Path.home()
     steps: list[str] = []
-    if agent == "claude" and scope == "project" and not _claude_approved(root, home):
+    if agent == "claude" and scope == "project" and not _claude_approved(root, home, name):
         steps.append(
             "Claude Code asks once to approve the servers of a project's .mcp.json: start "
             "`claude` here and approve 'memory' (or list it in enabledMcpjsonServers in "
             ".claude/settings.local.json)."
         )
     if agent == "codex":
+        personal = server_env(env).values if env is not None and scope == "project" else {}
+        if personal:
+            steps.append(
+                "A project's .codex/config.toml is shared, so it carries none of your "
+                f"settings ({', '.join(personal)}); Codex starts servers with a minimal "
+                "environment, so put them in ~/.config/memory-mcp/config.toml "
+                "(e.g. data_dir) or install with --scope user."
+            )
         if scope == "project" and not _codex_trusts(root, home):
             steps.append(
                 "Codex reads .codex/config.toml only in a trusted project: start `codex` "
@@ -710,7 +792,7 @@ def inspect(root: Path, *, home: Path | None = None, name: str = SERVER_NAME) ->
         hooks = [s for s in SCOPES if _has_hook(hook_path(agent, s, root, home))]
         steps: list[str] = []
         for scope in dict.fromkeys([*servers, *hooks]):
-            for step in todo(agent, scope, root, hook=scope in hooks, home=home):
+            for step in todo(agent, scope, root, hook=scope in hooks, home=home, name=name):
                 if step not in steps:
                     steps.append(step)
         found.append(AgentSetup(agent, servers, hooks, steps))
@@ -740,11 +822,19 @@ def _has_hook(path: Path) -> bool:
     return _without_our_hooks(copy.deepcopy(_read_json(path))) == "removed"
 
 
-def _claude_approved(root: Path, home: Path) -> bool:
-    project = _read_json(home / ".claude.json").get("projects", {}).get(str(root), {})
+def _claude_approved(root: Path, home: Path, name: str) -> bool:
+    projects = _mapping(_read_json(home / ".claude.json").get("projects"))
+    project = _mapping(projects.get(str(root)))
     local = _read_json(root / ".claude" / "settings.local.json")
-    approved = [*project.get("enabledMcpjsonServers", []), *local.get("enabledMcpjsonServers", [])]
-    return SERVER_NAME in approved or bool(local.get("enableAllProjectMcpServers"))
+    approved = [
+        *_strings(project.get("enabledMcpjsonServers")),
+        *_strings(local.get("enabledMcpjsonServers")),
+    ]
+    return name in approved or local.get("enableAllProjectMcpServers") is True
+
+
+def _strings(value: Any) -> list[str]:
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
 
 
 def _codex_config(home: Path) -> dict[str, Any]:
@@ -755,8 +845,8 @@ def _codex_config(home: Path) -> dict[str, Any]:
 
 
 def _codex_trusts(root: Path, home: Path) -> bool:
-    project = _codex_config(home).get("projects", {}).get(str(root), {})
-    return isinstance(project, dict) and project.get("trust_level") == "trusted"
+    project = _mapping(_mapping(_codex_config(home).get("projects")).get(str(root)))
+    return project.get("trust_level") == "trusted"
 
 
 def _codex_hook_trusted(hooks: Path, home: Path) -> bool:
@@ -766,9 +856,9 @@ def _codex_hook_trusted(hooks: Path, home: Path) -> bool:
     the hook it trusted; a changed hook needs another review, which only Codex
     can tell.
     """
-    state = _codex_config(home).get("hooks", {}).get("state", {})
+    state = _mapping(_mapping(_codex_config(home).get("hooks")).get("state"))
     prefix = f"{os.path.realpath(hooks)}:session_start:"
-    return isinstance(state, dict) and any(
+    return any(
         str(key).startswith(prefix) and isinstance(v, dict) and v.get("trusted_hash")
         for key, v in state.items()
     )
@@ -776,8 +866,8 @@ def _codex_hook_trusted(hooks: Path, home: Path) -> bool:
 
 def _gemini_trusts(root: Path, home: Path) -> bool:
     settings = _read_json(home / ".gemini" / "settings.json")
-    trust = settings.get("security", {}).get("folderTrust", {})
-    if isinstance(trust, dict) and trust.get("enabled") is False:
+    trust = _mapping(_mapping(settings.get("security")).get("folderTrust"))
+    if trust.get("enabled") is False:
         return True
     rules = _read_json(home / ".gemini" / "trustedFolders.json")
     where = Path(os.path.realpath(root))

@@ -5,7 +5,8 @@
     relevance = max(0, cosine)                                      dense only
 
 A record that has no vector from the query's embedder yet (written while the
-model was away, waiting for maintenance to embed it) is scored as lexical only.
+model was away, waiting for maintenance to embed it) is scored by its words
+alone: ``bm25 / max_bm25`` times the share of the query's words it holds.
 
 ``a`` is ``search.lexical_weight``; ``cosine`` is the best of a record's passage
 vectors, and ``max_bm25`` the best BM25 score among this query's hits. Each
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from memory_mcp import ranker
+from memory_mcp.lexical import stems
 from memory_mcp.records import Hit, Record
 from memory_mcp.secret_scan import redact_text
 from memory_mcp.storage.base import Filters, Vector
@@ -51,11 +53,14 @@ class Candidates:
     records: dict[str, Record] = field(default_factory=dict)
     bm25: dict[str, float] = field(default_factory=dict)
     cosine: dict[str, float] = field(default_factory=dict)
+    # Of a record with no vector yet: the share of the query's words it holds.
+    coverage: dict[str, float] = field(default_factory=dict)
 
     def update(self, other: Candidates) -> None:
         """Add another branch's candidates (a record found twice keeps its best scores)."""
         self.records.update(other.records)
-        for mine, theirs in ((self.bm25, other.bm25), (self.cosine, other.cosine)):
+        pairs = ((self.bm25, other.bm25), (self.cosine, other.cosine))
+        for mine, theirs in (*pairs, (self.coverage, other.coverage)):
             for rid, value in theirs.items():
                 mine[rid] = max(value, mine.get(rid, value))
 
@@ -80,6 +85,11 @@ async def candidates(
         found.cosine[item.record.id] = item.score
     missing = [rid for rid in found.bm25 if rid not in found.cosine]
     found.cosine.update(await store.dense_scores(query_vector, embedder, missing))
+    asked = set(stems(query))
+    for rid in found.bm25:
+        if rid not in found.cosine and asked:  # no vector: its words are all there is
+            held = asked & set(stems(found.records[rid].content))
+            found.coverage[rid] = len(held) / len(asked)
     return found
 
 
@@ -114,10 +124,13 @@ def fuse(
     for rid, record in found.records.items():
         lex = found.bm25[rid] / top_bm25 if rid in found.bm25 and top_bm25 > 0 else 0.0
         cos = max(0.0, found.cosine.get(rid, 0.0))
-        # A record with no vector yet (stored while the model was away) has only its
-        # words to go on: its lexical relevance counts fully, as with no model at all.
-        weight = 1.0 if dense and rid not in found.cosine else a
-        relevance = weight * lex + (1 - weight) * cos
+        if dense and rid not in found.cosine:
+            # No vector yet (stored while the model was away): its words are all there
+            # is, weighed by how much of the question they cover, so that one shared
+            # word with the best BM25 of the query does not make it fully relevant.
+            relevance = lex * found.coverage.get(rid, 1.0)
+        else:
+            relevance = a * lex + (1 - a) * cos
         if relevance < min_relevance:
             continue
         prior = ranker.prior(record, now, plan.ranking)
@@ -139,10 +152,14 @@ def fuse(
 def shown(hit: Hit) -> Hit:
     """The hit with its text through the current secret rules: a record stored before
     a rule existed must not show its secret."""
-    content = redact_text(hit.record.content)
-    if content == hit.record.content:
-        return hit
-    return replace(hit, record=replace(hit.record, content=content))
+    record = shown_record(hit.record)
+    return hit if record is hit.record else replace(hit, record=record)
+
+
+def shown_record(record: Record) -> Record:
+    """A record as it may be shown: its text through the current secret rules."""
+    content = redact_text(record.content)
+    return record if content == record.content else replace(record, content=content)
 
 
 async def hybrid(

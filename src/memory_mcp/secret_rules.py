@@ -145,10 +145,21 @@ def assigned(match: re.Match[str], value: str) -> bool:
     quoted = match.group("q") is not None
     if not quoted and value.casefold() in (match.group("name").casefold(), _name(match).casefold()):
         return False
+    name = match.group("name").casefold()
+    if not quoted and value.startswith("-"):
+        return False  # a flag: "Pass: --no-verify is banned"
+    if not quoted and name in _LOOSE_NAMES and (value.isalpha() or name == "auth"):
+        # "credentials:edit", "pass: true", "auth: oauth2": words a value that follows these
+        # names often is; an auth token proper looks random.
+        return name == "auth" and looks_random(value, min_len=12)
     if not quoted and re.fullmatch(r"[a-z]+_[a-z0-9_]+", value) and _SECRET_WORD.search(value):
         return False  # db_password: a variable
     after = match.string[match.end() : match.end() + 2]
     return quoted or not (value.isalpha() and value.islower() and re.match(r" [A-Za-z]", after))
+
+
+# Names that are often followed by a plain word rather than a secret.
+_LOOSE_NAMES = frozenset({"auth", "pass", "pw", "pwd", "credential", "credentials"})
 
 
 def said(match: re.Match[str], value: str) -> bool:

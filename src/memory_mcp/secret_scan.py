@@ -38,7 +38,7 @@ from functools import partial
 from typing import Any
 
 from memory_mcp.records import Record, Redaction
-from memory_mcp.secret_rules import RULES, RULES_VERSION, Rule
+from memory_mcp.secret_rules import LABELS, RULES, RULES_VERSION, Rule
 
 __all__ = ["FINGERPRINT", "ScanResult", "redact", "redact_record", "redact_text"]
 
@@ -94,12 +94,19 @@ _BY_NEEDLE = _rules_by_needle(RULES)
 _ALWAYS = frozenset(i for i, rule in enumerate(RULES) if not rule.needles)
 
 
-def _scan(text: str, counts: Counter[str] | None) -> str:
+# Labelled values ("password: ...") are told by their label and a guess about the value;
+# a guess is fine for what is shown or written now, not for rewriting what is stored.
+_GUESSES = frozenset(i for i, rule in enumerate(RULES) if rule in LABELS)
+
+
+def _scan(text: str, counts: Counter[str] | None, *, guesses: bool = True) -> str:
     lowered = text.lower()
     due = set(_ALWAYS)
     for needle, indexes in _BY_NEEDLE.items():
         if needle in lowered:
             due |= indexes
+    if not guesses:
+        due -= _GUESSES
     for index in sorted(due):  # in the rules' order: the most specific first
         rule = RULES[index]
         text = rule.regex.sub(partial(_replace, rule=rule, counts=counts), text)
@@ -121,12 +128,20 @@ def _replace(match: re.Match[str], *, rule: Rule, counts: Counter[str] | None) -
 
 
 def redact_record(record: Record) -> tuple[Record, Counter[str]]:
-    """A record with every stored text redacted: content, folded texts, and strings in meta
-    (earlier texts an LLM rewrote, insight keywords). Returns it and the counts by kind;
-    the record itself is returned unchanged when nothing was found."""
+    """A stored record with its secrets redacted: content, folded texts, and strings in
+    meta (earlier texts an LLM rewrote, insight keywords). Returns it and the counts by
+    kind; the record itself is returned unchanged when nothing was found.
+
+    Only secrets whose own shape names them (token formats, credentials in URLs and
+    headers, a random token beside its key id) are rewritten here: this changes what
+    is stored for good, and a labelled value is a guess ("auth: oauth2" is no secret).
+    Labelled values are still redacted wherever a record is shown (``redact_text``).
+    """
     counts: Counter[str] = Counter()
-    content = _scan(record.content, counts)
-    merged = [replace(m, content=_scan(m.content, counts)) for m in record.merged_from]
+    content = _scan(record.content, counts, guesses=False)
+    merged = [
+        replace(m, content=_scan(m.content, counts, guesses=False)) for m in record.merged_from
+    ]
     meta = _scan_json(record.meta, counts)
     if not counts:
         return record, counts
@@ -135,7 +150,7 @@ def redact_record(record: Record) -> tuple[Record, Counter[str]]:
 
 def _scan_json(value: Any, counts: Counter[str]) -> Any:
     if isinstance(value, str):
-        return _scan(value, counts)
+        return _scan(value, counts, guesses=False)
     if isinstance(value, list):
         return [_scan_json(v, counts) for v in value]
     if isinstance(value, dict):

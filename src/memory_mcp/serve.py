@@ -198,16 +198,13 @@ def bind(host: str, port: int) -> socket.socket:
     Raises:
         ConfigError: the port is in use, or the address is not this machine's.
     """
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except socket.gaierror as exc:
-        raise ConfigError(f"cannot serve on {host}: {exc.strerror}") from None
-    family, kind, proto, _, address = infos[0]
-    listener = socket.socket(family, kind, proto)
+    name = host.strip("[]")
+    # As uvicorn binds: IPv6 for an IPv6 address, else IPv4 ("localhost" is 127.0.0.1).
+    listener = socket.socket(socket.AF_INET6 if ":" in name else socket.AF_INET)
     try:
         if sys.platform != "win32":
             listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(address)
+        listener.bind((name, port))
         listener.listen(128)
     except OSError as exc:
         listener.close()

@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -41,7 +41,7 @@ from memory_mcp.records import (
     without_surrogates,
 )
 from memory_mcp.scope import GLOBAL_KEY, Scope, project_scope
-from memory_mcp.search import Candidates, SearchPlan, candidates, fuse, shown
+from memory_mcp.search import Candidates, SearchPlan, candidates, fuse, shown, shown_record
 from memory_mcp.storage.base import Filters, StoreStats, TaskState, Vector
 from memory_mcp.storage.sqlite import SqliteStore
 from memory_mcp.write import Draft, apply, clean_text, prepare
@@ -149,6 +149,7 @@ class MemoryService:
         clock: Clock = utcnow,
         wait_for_embedder: float = 0.0,
         load_embedder: bool = True,
+        probe_network: bool = False,
     ) -> AsyncIterator[MemoryService]:
         """Open the store and start the embedder (loading in the background).
 
@@ -160,6 +161,8 @@ class MemoryService:
             wait_for_embedder: seconds to wait for the embedder's first load attempt.
             load_embedder: False finds the model without loading it (work that
                 embeds nothing, such as ``status``).
+            probe_network: with ``load_embedder`` False, also check whether a model
+                that is not here could be downloaded (``status``).
         """
         sources: list[str] = []
         if isinstance(settings, LoadedSettings):
@@ -177,9 +180,11 @@ class MemoryService:
                 candidates=[embedder] if embedder is not None else None,
             )
             if store.vectors_available:
-                embeddings.start(await store.dense_embedders(), load=load_embedder)
+                embeddings.start(
+                    await store.dense_embedders(), load=load_embedder, probe=probe_network
+                )
             else:
-                embeddings.start({}, load=load_embedder)
+                embeddings.start({}, load=load_embedder, probe=probe_network)
                 if embedder is None:
                     log.warning("vectors are off: %s", store.driver.note)
             if wait_for_embedder > 0:
@@ -611,15 +616,12 @@ class MemoryService:
             return
         from memory_mcp import views
 
-        ids = [h.record.id for h in hits]
-        conflicts = await self.db.open_conflicts_of(ids)
+        conflicts = await self.db.open_conflicts_of([h.record.id for h in hits])
         older = {h.record.id: h.record.supersedes[-1] for h in hits if h.record.supersedes}
-        others = {c.other_id if c.record_id in ids else c.record_id for c in conflicts}
-        found = await self.db.get_many([*older.values(), *others])
+        sides = {i for c in conflicts for i in (c.record_id, c.other_id)}
+        found = await self.db.get_many([*older.values(), *sides])
         if self._plan.redact:  # the other record's text is shown too
-            from memory_mcp.secret_scan import redact_text
-
-            found = [replace(r, content=redact_text(r.content)) for r in found]
+            found = [shown_record(record) for record in found]
         related = {r.id: r for r in found}
         for hit in hits:
             replaced = related.get(older.get(hit.record.id, ""))

@@ -95,9 +95,12 @@ class FastEmbedEmbedder:
             return "downloads are off (embedder.download = false)"
         if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
             return "HF_HUB_OFFLINE is set"
+        if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+            return None  # through a proxy: only the download itself can tell
         host = urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+        port = host.port or (80 if host.scheme == "http" else 443)
         try:
-            with socket.create_connection((host.hostname or "", host.port or 443), timeout=2):
+            with socket.create_connection((host.hostname or "", port), timeout=2):
                 return None
         except OSError as exc:
             return f"{host.hostname} cannot be reached ({exc.strerror or exc})"

@@ -151,13 +151,15 @@ class Embeddings:
 
     # Start-up ------------------------------------------------------------------------
 
-    def start(self, held: dict[str, int], *, load: bool = True) -> None:
+    def start(self, held: dict[str, int], *, load: bool = True, probe: bool = False) -> None:
         """Decide the identity from the settings and the store's vectors; start loading.
 
         Args:
             held: embedder names that already have vectors in the store, with counts.
-            load: False only finds where the model would load from (``status``
-                needs no model, and answers at once).
+            load: False only finds where the model would load from (work that embeds
+                nothing, such as the brief, answers at once).
+            probe: without ``load``, also check whether a model that is not on this
+                machine could be downloaded now (``status``; a 2 s connection at most).
         """
         candidates = (
             self._candidates if self._candidates is not None else build_candidates(self.settings)
@@ -194,16 +196,16 @@ class Embeddings:
         if load:
             self._begin_loading()
         else:
-            self._locate()
+            self._locate(probe)
 
-    def _locate(self) -> None:
+    def _locate(self, probe: bool) -> None:
         """Find the first candidate that could load, without loading it."""
         errors: list[str] = []
         for candidate in self._pending:
             try:
                 where = candidate.locate()
             except ModelNotLocal as exc:
-                blocked = candidate.can_download()
+                blocked = candidate.can_download() if probe else None
                 errors.append(
                     f"{exc}; the first command or server that needs it downloads it"
                     if blocked is None
