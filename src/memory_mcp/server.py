@@ -340,16 +340,15 @@ class CheckedTool(Tool):
                 f"{self.name}: unknown argument {unknown[0]!r}; it takes {', '.join(known)}."
             )
         try:
-            self.fn_metadata.validate_arguments(arguments)
-        except ValidationError as exc:
-            raise ToolError(argument_errors(self.name, exc.errors())) from None
-        try:
             return await super().run(arguments, context, convert_result)
         except UnexpectedToolError:
             raise
-        except ToolError as exc:
-            if isinstance(exc.__cause__, ToolError):  # ours, under the SDK's long prefix
-                raise ToolError(f"{self.name}: {exc.__cause__}") from None
+        except ToolError as exc:  # the SDK's, with its long prefix: say it plainly
+            cause = exc.__cause__
+            if isinstance(cause, ValidationError):  # the arguments did not validate
+                raise ToolError(argument_errors(self.name, cause.errors())) from None
+            if isinstance(cause, ToolError):  # the engine's own message
+                raise ToolError(f"{self.name}: {cause}") from None
             raise
 
 
