@@ -35,10 +35,13 @@ import sys
 import threading
 import traceback
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from memory_mcp import __version__
 from memory_mcp.dirs import cache_dir
+
+if TYPE_CHECKING:
+    from memory_mcp.config import LoadedSettings
 
 CACHE_FILE = "handshake.json"
 # The server thread's last line on the pipe: its output has ended. (The SDK keeps
@@ -346,20 +349,23 @@ def _lines(raw: Any, wake: int | None = None) -> Any:
                 yield line + b"\n"
 
 
-def _preload_model(cwd: str | None) -> None:
-    """Start loading the embedding model before the server imports the MCP SDK.
+def _preload_model(cwd: str | None) -> LoadedSettings | None:
+    """Load the settings and start loading the embedding model, before the server
+    imports the MCP SDK; returns the settings for the server.
 
     Both take about half a second; side by side, a session's first search finds
-    the model ready sooner. Any problem is left for the server to report.
+    the model ready sooner. Any problem is left for the server to report (None).
     """
     try:
         from memory_mcp.config import load_settings
         from memory_mcp.embedders.runtime import preload
         from memory_mcp.scope import project_root
 
-        preload(load_settings(project_root=project_root(cwd)).settings.embedder)
-    except Exception:  # the server loads settings again and says what is wrong
-        return
+        loaded = load_settings(project_root=project_root(cwd))
+        preload(loaded.settings.embedder)
+    except Exception:  # the server loads the settings itself and says what is wrong
+        return None
+    return loaded
 
 
 def _signal_wakeup() -> int | None:
@@ -387,10 +393,10 @@ def run(cwd: str | None) -> NoReturn:
     def server() -> None:
         code = 1
         try:
-            _preload_model(cwd)
+            loaded = _preload_model(cwd)
             from memory_mcp.serve import serve_behind_front
 
-            code = serve_behind_front(cwd, front)
+            code = serve_behind_front(cwd, front, loaded)
         except BaseException:
             traceback.print_exc(file=sys.stderr)
         finally:

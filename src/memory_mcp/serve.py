@@ -218,8 +218,13 @@ def bind(host: str, port: int) -> socket.socket:
     return listener
 
 
-def serve_behind_front(cwd: str | None, front: Front) -> int:
-    """The real stdio server, in the front's thread (``front.py``); returns the exit code."""
+def serve_behind_front(cwd: str | None, front: Front, loaded: LoadedSettings | None) -> int:
+    """The real stdio server, in the front's thread (``front.py``); returns the exit code.
+
+    Args:
+        loaded: the settings, as the front loaded them (None: it could not; they are
+            loaded here, and what is wrong with them is said).
+    """
     from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
     front.versions = list(HANDSHAKE_PROTOCOL_VERSIONS)
@@ -227,7 +232,8 @@ def serve_behind_front(cwd: str | None, front: Front) -> int:
         level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s"
     )
     try:
-        loaded = load_settings(project_root=project_root(cwd))
+        if loaded is None:
+            loaded = load_settings(project_root=project_root(cwd))
         anyio.run(partial(serve, loaded, "stdio"))
     except MemoryMcpError as exc:
         print(f"memory-mcp: error: {exc}", file=sys.stderr)
