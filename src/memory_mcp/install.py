@@ -223,17 +223,16 @@ def _edit(
     data = form.load(real)
     existed = real.exists()
     old = real.read_text(encoding="utf-8") if existed else ""
+    before = copy.deepcopy(data)
     outcome = change(data)
     after = form.dump(data, old)
     if outcome == "unchanged" or (existed and after == old):
         return ConfigChange(path, "unchanged" if existed else "absent", "")
     backup = real.with_name(real.name + ".memory-mcp.bak")
     if outcome == "removed":
-        stripped = copy.deepcopy(data)
-        remove_ours(stripped)
-        last = form.dump(stripped, old) == after  # no entry of ours is left in the file
+        last = _without_ours(data, form, remove_ours, old) == after  # none of ours is left
         return _remove(path, real, backup, form, data, after, last=last)
-    if existed and not backup.exists() and not _only_ours(form.load(real), form, remove_ours):
+    if existed and not backup.exists() and not _only_ours(before, form, remove_ours):
         shutil.copy2(real, backup)  # the original, kept until uninstall gives it back
     real.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(real, after.encode("utf-8"))
@@ -241,11 +240,16 @@ def _edit(
     return ConfigChange(path, made, "", backup if backup.exists() else None)  # type: ignore[arg-type]
 
 
-def _only_ours(data: Any, form: _Format, remove_ours: Callable[[Any], object]) -> bool:
-    """Whether ``data`` holds entries of ours and nothing else (an empty file is the user's)."""
+def _without_ours(data: Any, form: _Format, remove_ours: Callable[[Any], object], old: str) -> str:
+    """``data`` as text without any entry of ours (``data`` itself is left as it is)."""
     stripped = copy.deepcopy(data)
     remove_ours(stripped)
-    left = form.dump(stripped, "")
+    return form.dump(stripped, old)
+
+
+def _only_ours(data: Any, form: _Format, remove_ours: Callable[[Any], object]) -> bool:
+    """Whether ``data`` holds entries of ours and nothing else (an empty file is the user's)."""
+    left = _without_ours(data, form, remove_ours, "")
     return left != form.dump(data, "") and left.strip() in ("", "{}")
 
 
@@ -393,16 +397,17 @@ def _toml_servers(data: dict[str, Any], path: Path) -> dict[str, Any]:
     return servers
 
 
-def _toml_lines(senv: ServerEnv, program: str) -> list[str]:
-    """Our keys of ``[mcp_servers.<name>]``, one line each (a TOML basic string takes
-    JSON's escapes)."""
-    lines = [f"command = {json.dumps(program)}", 'args = ["serve"]']
-    if senv.values:
-        pairs = ", ".join(f"{_toml_key(k)} = {json.dumps(v)}" for k, v in senv.values.items())
-        lines.append(f"env = {{ {pairs} }}")
-    if senv.forwarded:  # Codex passes these on from its own environment, by name
-        lines.append(f"env_vars = {json.dumps(list(senv.forwarded))}")
-    return [line + "\n" for line in lines]
+def _toml_lines(entry: dict[str, Any]) -> list[str]:
+    """``_toml_entry``'s keys, one line each: strings, lists of strings and the ``env``
+    table inline (a TOML basic string takes JSON's escapes)."""
+    lines = []
+    for key, value in entry.items():
+        if isinstance(value, dict):
+            pairs = ", ".join(f"{_toml_key(k)} = {json.dumps(v)}" for k, v in value.items())
+            lines.append(f"{key} = {{ {pairs} }}\n")
+        else:
+            lines.append(f"{key} = {json.dumps(value)}\n")
+    return lines
 
 
 def _toml_key(key: str) -> str:
@@ -410,17 +415,18 @@ def _toml_key(key: str) -> str:
 
 
 def _toml_entry(program: str, senv: ServerEnv) -> dict[str, Any]:
+    """Our keys of ``[mcp_servers.<name>]``, as Codex reads them."""
     entry: dict[str, Any] = {"command": program, "args": ["serve"]}
     if senv.values:
         entry["env"] = dict(senv.values)
-    if senv.forwarded:
+    if senv.forwarded:  # Codex passes these on from its own environment, by name
         entry["env_vars"] = list(senv.forwarded)
     return entry
 
 
 _OUR_TOML_KEYS = ("command", "args", "env", "env_vars")
 _TABLE = re.compile(r"^\s*\[")
-_OUR_LINE = re.compile(r"^\s*(?:command|args|env|env_vars)\s*=")
+_OUR_LINE = re.compile(rf"^\s*(?:{'|'.join(_OUR_TOML_KEYS)})\s*=")
 
 
 def _tables(lines: list[str], name: str, *, under: bool) -> list[tuple[int, int]]:
@@ -476,7 +482,7 @@ def _add_toml_server(name: str, program: str, senv: ServerEnv, path: Path) -> Co
             gap = (
                 "" if not text or text.endswith("\n\n") else "\n" if text.endswith("\n") else "\n\n"
             )
-            updated = text + gap + f"[mcp_servers.{name}]\n" + "".join(_toml_lines(wanted, program))
+            updated = text + gap + f"[mcp_servers.{name}]\n" + "".join(_toml_lines(entry))
         else:
             spans = _tables(lines, name, under=False)
             if len(spans) != 1:
@@ -486,9 +492,7 @@ def _add_toml_server(name: str, program: str, senv: ServerEnv, path: Path) -> Co
             start, end = spans[0]
             header = start if _TABLE.match(lines[start]) else start + 1
             body = [line for line in lines[header + 1 : end] if not _OUR_LINE.match(line)]
-            updated = "".join(
-                [*lines[: header + 1], *_toml_lines(wanted, program), *body, *lines[end:]]
-            )
+            updated = "".join([*lines[: header + 1], *_toml_lines(entry), *body, *lines[end:]])
         expected = json.loads(json.dumps(data))
         servers = expected.setdefault("mcp_servers", {})
         servers[name] = {**{k: v for k, v in old.items() if k not in _OUR_TOML_KEYS}, **entry}
@@ -806,15 +810,18 @@ def _read_json(path: Path) -> dict[str, Any]:
         return {}
 
 
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+        return {}
+
+
 def _has_server(agent: Agent, path: Path, name: str) -> bool:
     if agent == "codex":
-        try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
-            return False
-        servers = data.get("mcp_servers")
-        return isinstance(servers, dict) and _ours(servers.get(name))
-    servers = _read_json(path).get("mcpServers")
+        servers = _read_toml(path).get("mcp_servers")
+    else:
+        servers = _read_json(path).get("mcpServers")
     return isinstance(servers, dict) and _ours(servers.get(name))
 
 
@@ -838,10 +845,7 @@ def _strings(value: Any) -> list[str]:
 
 
 def _codex_config(home: Path) -> dict[str, Any]:
-    try:
-        return tomllib.loads((home / ".codex" / "config.toml").read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
-        return {}
+    return _read_toml(home / ".codex" / "config.toml")
 
 
 def _codex_trusts(root: Path, home: Path) -> bool:
