@@ -120,9 +120,19 @@ def build_candidates(settings: EmbedderSettings) -> list[Embedder]:
     return candidates
 
 
-def _reasons(errors: Sequence[str]) -> str:
-    """Why loading failed; a candidate tried twice (cache, then download) fails once."""
-    return "; ".join(dict.fromkeys(errors))
+def _reasons(errors: Sequence[str], hints: Sequence[str] = (), *, then: str = "") -> str:
+    """Why loading failed (a candidate tried twice, cache then download, fails once),
+    ``then`` what happens meanwhile, then how to provide a model that is missing."""
+    provide = "".join(f". To provide it: {hint}" for hint in dict.fromkeys(hints))
+    return "; ".join(dict.fromkeys(errors)) + then + provide
+
+
+def _download(blocked: str | None) -> str:
+    """What becomes of a model that is not on this machine: ``blocked`` says why it
+    cannot be downloaded now, if it cannot."""
+    if blocked is None:
+        return "the first command or server that needs it downloads it"
+    return f"it cannot be downloaded: {blocked}"
 
 
 class Embeddings:
@@ -201,18 +211,14 @@ class Embeddings:
     def _locate(self, probe: bool) -> None:
         """Find the first candidate that could load, without loading it."""
         errors: list[str] = []
+        hints: list[str] = []
         for candidate in self._pending:
             try:
                 where = candidate.locate()
             except ModelNotLocal as exc:
                 blocked = candidate.can_download() if probe else None
-                errors.append(
-                    f"{exc}; the first command or server that needs it downloads it"
-                    if blocked is None
-                    else f"{exc}, and it cannot be downloaded: {blocked}"
-                )
-                if exc.hint:
-                    errors.append(exc.hint)
+                errors += [str(exc), _download(blocked)]
+                hints += [exc.hint] if exc.hint else []
                 continue
             except EmbedderError as exc:
                 errors.append(str(exc))
@@ -224,7 +230,7 @@ class Embeddings:
             self._settled.set()
             return
         self._state = "unavailable"
-        self._reason = _reasons(errors)
+        self._reason = _reasons(errors, hints)
         self._settled.set()
 
     def _begin_loading(self) -> None:
@@ -248,7 +254,7 @@ class Embeddings:
                 if (blocked := candidate.can_download()) is None:
                     fetchable.append(candidate)
                 else:
-                    errors.append(f"it cannot be downloaded: {blocked}")
+                    errors.append(_download(blocked))
         if fetchable:
             # The first attempt has settled: callers go on lexically while it downloads.
             with self._lock:
@@ -260,10 +266,8 @@ class Embeddings:
                     return
         with self._lock:
             self._state = "unavailable"
-            self._reason = (
-                _reasons(errors)
-                + "; searching lexically until it is available"
-                + "".join(f". To provide it: {hint}" for hint in dict.fromkeys(hints))
+            self._reason = _reasons(
+                errors, hints, then="; searching lexically until it is available"
             )
             self._retry_at = time.monotonic() + self._retry_s
             self._retry_s = min(self._retry_s * 2, _MAX_RETRY_S)
