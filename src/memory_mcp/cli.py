@@ -662,17 +662,14 @@ def install(
 
     which, where = _install_args(agent, scope)
     root = project_root(cwd)
-    changes: list[ConfigChange] = []
     steps: list[str] = []
-    failed: list[tuple[str, MemoryMcpError]] = []
-    for cli in which:  # one CLI's broken file does not stop the others
-        try:
-            changes += add(cli, where, root, hook=hook, name=name)
-            steps += todo(cli, where, root, hook=hook, name=name, env=os.environ)
-        except MemoryMcpError as exc:
-            failed.append((cli, exc))
-    _report_config(changes, as_json, steps)
-    _fail_with(failed)
+
+    def one(cli: Agent) -> list[ConfigChange]:
+        changes = add(cli, where, root, hook=hook, name=name)
+        steps.extend(todo(cli, where, root, hook=hook, name=name, env=os.environ))
+        return changes
+
+    _each_cli(which, one, as_json, steps)
 
 
 @app.command()
@@ -687,21 +684,29 @@ def uninstall(
     from memory_mcp.install import uninstall as remove
 
     which, where = _install_args(agent, scope)
+    root = project_root(cwd)
+    _each_cli(which, lambda cli: remove(cli, where, root, name=name), as_json, [])
+
+
+def _each_cli(
+    which: tuple[Agent, ...],
+    act: Callable[[Agent], list[ConfigChange]],
+    as_json: bool,
+    steps: list[str],
+) -> None:
+    """``act`` on each CLI; one CLI's broken file does not stop the others. Reports
+    every change and step (filled in meanwhile), then each failure; exits with the
+    first failure's code."""
     changes: list[ConfigChange] = []
-    failed: list[tuple[str, MemoryMcpError]] = []
+    failed: list[tuple[Agent, MemoryMcpError]] = []
     for cli in which:
         try:
-            changes += remove(cli, where, project_root(cwd), name=name)
+            changes += act(cli)
         except MemoryMcpError as exc:
             failed.append((cli, exc))
-    _report_config(changes, as_json, [])
-    _fail_with(failed)
-
-
-def _fail_with(failed: list[tuple[str, MemoryMcpError]]) -> None:
-    """Each CLI that failed, with why; the exit code of the first."""
-    for cli, exc in failed:
-        err.print(f"error ({cli}): {exc}")
+    _report_config(changes, as_json, steps)
+    for name, error in failed:
+        err.print(f"error ({name}): {error}")
     if failed:
         raise typer.Exit(failed[0][1].exit_code)
 
@@ -716,8 +721,9 @@ def status(cwd: CwdOption = None, as_json: JsonOption = False) -> None:
     from memory_mcp.install import inspect
 
     info = _with_memory(cwd, use, embeds=False, probe=True)
-    project = str(project_root(cwd))
-    agents = inspect(project_root(cwd))
+    root = project_root(cwd)
+    project = str(root)
+    agents = inspect(root)
     if as_json:
         data = asdict(info)
         data["project"] = project
