@@ -153,7 +153,7 @@ async def build_brief(
         return record.created_at[:10] if dated else age(record.created_at, now)
 
     def line(record: Record, limit: int) -> str:
-        return _one_line(record.content, limit, redact=memory.settings.write.secrets != "off")
+        return _one_line(record.content, limit, redact=memory.redacts)
 
     docs = await memory.db.current(Filters(scope_keys=(project,), corpora=("docs",)), 10)
     latest = {kind: next((r for r in docs if r.kind == kind), None) for kind in ("goal", "plan")}

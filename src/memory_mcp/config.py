@@ -640,7 +640,7 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"cannot read config file {path}: {exc}") from None
 
 
-_BOOLEAN_WORDS = {
+BOOLEAN_WORDS = {
     **dict.fromkeys(("true", "yes", "on", "1"), True),
     **dict.fromkeys(("false", "no", "off", "0"), False),
 }
@@ -663,7 +663,7 @@ def _env_layer(env: Mapping[str, str]) -> dict[str, Any]:
             # (the value must not override the config file's with the placeholder).
             continue
         if isinstance(info.default, bool):
-            value = _BOOLEAN_WORDS.get(value.casefold(), value)
+            value = BOOLEAN_WORDS.get(value.casefold(), value)
         if info.section:
             layer.setdefault(info.section, {})[info.key] = value
         else:

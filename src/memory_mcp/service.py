@@ -138,6 +138,12 @@ class MemoryService:
         """The one ranker's settings (half-life, prior weight)."""
         return self._plan.ranking
 
+    @property
+    def redacts(self) -> bool:
+        """Whether what is shown goes through the current secret rules (``write.secrets``
+        not off): search hits, the records they name, the brief."""
+        return self._plan.redact
+
     @classmethod
     @asynccontextmanager
     async def open(
@@ -549,7 +555,7 @@ class MemoryService:
         kept = kept[:limit]
         await self._annotate(kept)
         await self._count_access(kept, at)
-        results = [_unified_item(shown(h) if self._plan.redact else h) for h in kept]
+        results = [_unified_item(shown(h) if self.redacts else h) for h in kept]
         return UnifiedResult(results=results, warnings=warnings, mode=_mode(query_vector))
 
     async def _embed_query(self, text: str) -> tuple[Vector | None, str | None, list[str]]:
@@ -620,7 +626,7 @@ class MemoryService:
         older = {h.record.id: h.record.supersedes[-1] for h in hits if h.record.supersedes}
         sides = {i for c in conflicts for i in (c.record_id, c.other_id)}
         found = await self.db.get_many([*older.values(), *sides])
-        if self._plan.redact:  # the other record's text is shown too
+        if self.redacts:  # the other record's text is shown too
             found = [shown_record(record) for record in found]
         related = {r.id: r for r in found}
         for hit in hits:

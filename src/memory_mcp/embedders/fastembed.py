@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from memory_mcp.config import BOOLEAN_WORDS
 from memory_mcp.dirs import cache_dir
 from memory_mcp.embedders.base import Matrix, length_batches, normalize_rows
 from memory_mcp.embedders.onnx import MEAN_POOLED, OnnxModel, model_file, quiet_sessions
@@ -93,7 +94,7 @@ class FastEmbedEmbedder:
         """
         if not self.download:
             return "downloads are off (embedder.download = false)"
-        if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        if BOOLEAN_WORDS.get(os.environ.get("HF_HUB_OFFLINE", "").strip().casefold()):
             return "HF_HUB_OFFLINE is set"
         if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
             return None  # through a proxy: only the download itself can tell
