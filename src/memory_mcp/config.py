@@ -498,6 +498,15 @@ class SettingInfo:
     key: str
     default: Any
     description: str
+    annotation: Any = None  # the field's type, as declared
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        """The values a ``Literal`` setting takes (none for any other)."""
+        kind = self.annotation
+        while get_origin(kind) is Annotated:
+            kind = get_args(kind)[0]
+        return tuple(str(c) for c in get_args(kind)) if get_origin(kind) is Literal else ()
 
     @property
     def env_var(self) -> str:
@@ -514,9 +523,9 @@ def iter_settings() -> Iterator[SettingInfo]:
     for top in msgspec.structs.fields(Settings):
         if isinstance(top.type, type) and issubclass(top.type, _Section):
             for sub in msgspec.structs.fields(top.type):
-                yield SettingInfo(top.name, sub.name, sub.default, _help(sub.type))
+                yield SettingInfo(top.name, sub.name, sub.default, _help(sub.type), sub.type)
         else:
-            yield SettingInfo("", top.name, top.default, _help(top.type))
+            yield SettingInfo("", top.name, top.default, _help(top.type), top.type)
 
 
 def _help(annotation: Any) -> str:
@@ -699,21 +708,7 @@ def describe_errors(exc: msgspec.ValidationError) -> str:
 
 def _choices(path: str) -> tuple[str, ...]:
     """The values a ``Literal`` setting at ``path`` (``embedder.backend``) takes."""
-    for info in iter_settings():
-        if info.dotted == path:
-            kind = next((f.type for f in _fields_of(info.section) if f.name == info.key), None)
-            while get_origin(kind) is Annotated:
-                kind = get_args(kind)[0]
-            if get_origin(kind) is Literal:
-                return tuple(str(c) for c in get_args(kind))
-    return ()
-
-
-def _fields_of(section: str) -> tuple[msgspec.structs.FieldInfo, ...]:
-    if not section:
-        return msgspec.structs.fields(Settings)
-    top = next(f for f in msgspec.structs.fields(Settings) if f.name == section)
-    return msgspec.structs.fields(top.type)
+    return next((info.choices for info in iter_settings() if info.dotted == path), ())
 
 
 def _describe(exc: msgspec.ValidationError, sources: list[str]) -> str:
