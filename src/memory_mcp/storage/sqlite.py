@@ -1169,33 +1169,28 @@ class SqliteStore:
 
     async def conflicts(self, *, open_only: bool = False) -> list[Conflict]:
         """Conflicts, oldest first (only unresolved ones if asked)."""
-        where = "WHERE resolved_at IS NULL" if open_only else ""
-        rows = await self._queries._fetch(
-            "SELECT id, scope_key, record_id, other_id, reason, created_at, resolved_at, "
-            f"resolution FROM conflicts {where} ORDER BY id"
-        )
-        return [Conflict(*row) for row in rows]
+        where = "resolved_at IS NULL" if open_only else "1"
+        return await self._conflicts(where, [])
 
     async def open_conflicts_of(self, record_ids: Sequence[str]) -> list[Conflict]:
         """The open conflicts that any of ``record_ids`` is part of, oldest first."""
         if not record_ids:
             return []
         marks = _marks(record_ids)
-        rows = await self._queries._fetch(
-            "SELECT id, scope_key, record_id, other_id, reason, created_at, resolved_at, "
-            f"resolution FROM conflicts WHERE resolved_at IS NULL AND (record_id IN ({marks}) "
-            f"OR other_id IN ({marks})) ORDER BY id",
-            [*record_ids, *record_ids],
-        )
-        return [Conflict(*row) for row in rows]
+        where = f"resolved_at IS NULL AND (record_id IN ({marks}) OR other_id IN ({marks}))"
+        return await self._conflicts(where, [*record_ids, *record_ids])
 
     async def conflict(self, conflict_id: int) -> Conflict | None:
+        found = await self._conflicts("id = ?", [conflict_id])
+        return found[0] if found else None
+
+    async def _conflicts(self, where: str, params: Sequence[Any]) -> list[Conflict]:
         rows = await self._queries._fetch(
             "SELECT id, scope_key, record_id, other_id, reason, created_at, resolved_at, "
-            "resolution FROM conflicts WHERE id = ?",
-            [conflict_id],
+            f"resolution FROM conflicts WHERE {where} ORDER BY id",
+            params,
         )
-        return Conflict(*rows[0]) if rows else None
+        return [Conflict(*row) for row in rows]
 
     async def archived(
         self,
