@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 
 from memory_mcp.bench.metrics import QueryJudgement, aggregate, query_metrics
+from memory_mcp.bench.retrieval import score_run
 
 GROUPS = {"m1": "s1", "m2": "s1", "m3": "s2", "m4": "s3", "m5": "s4", "m6": "s5", "m7": "s6"}
 
@@ -51,3 +54,31 @@ def test_aggregate_averages_in_percent_overall_and_per_category() -> None:
     assert table.overall["sess_all@5"] == pytest.approx(66.7)
     assert table.by_category["a"]["sess_all@5"] == 50.0
     assert table.queries_by_category == {"a": 2, "b": 1}
+
+
+def test_halves_split_the_queries_so_one_conversation_splits_too(tmp_path: Path) -> None:
+    # One case (one conversation) with four queries: two in each half, by position.
+    case = {
+        "case": "conv",
+        "memories": [{"id": m, "text": m, "group": g} for m, g in GROUPS.items()],
+        "queries": [
+            {"id": f"q{i}", "text": "x", "gold": [gold], "category": "c"}
+            for i, gold in enumerate(["m1", "m2", "m3", "m4"])
+        ],
+    }
+    data = tmp_path / "data.jsonl"
+    data.write_text(json.dumps(case) + "\n")
+    run = tmp_path / "run.jsonl"
+    # Queries at even positions (q0, q2) find their gold first; the odd ones never do.
+    run.write_text(
+        "".join(
+            json.dumps({"case": "conv", "query": f"q{i}", "ranked": [gold] if i % 2 == 0 else []})
+            + "\n"
+            for i, gold in enumerate(["m1", "m2", "m3", "m4"])
+        )
+    )
+    report = score_run(data, run)
+    assert (report.even.queries, report.odd.queries) == (2, 2)
+    assert report.even.overall["turn_recall@10"] == 100.0
+    assert report.odd.overall["turn_recall@10"] == 0.0
+    assert report.table.overall["turn_recall@10"] == 50.0

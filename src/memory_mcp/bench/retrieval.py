@@ -29,7 +29,7 @@ RUN_DEPTH = 50
 
 @dataclass
 class RetrievalReport:
-    """The metric table overall and per category, plus the two halves of the cases."""
+    """The metric table overall and per category, plus the two halves of the queries."""
 
     table: MetricTable
     even: MetricTable
@@ -48,8 +48,8 @@ class RetrievalReport:
             "embedder": self.embedder,
             "mode": self.mode,
             "metrics": self.table.to_json(),
-            "even_cases": self.even.to_json(),
-            "odd_cases": self.odd.to_json(),
+            "even_queries": self.even.to_json(),
+            "odd_queries": self.odd.to_json(),
             "warnings": self.warnings,
             "skipped_memories": self.skipped,
         }
@@ -71,13 +71,15 @@ def _case(data: Any) -> dict[str, Any]:
     return dict(data)
 
 
-def case_half(index: int) -> str:
-    """'even' or 'odd': the case's position in the data file (0-based).
+def query_half(position: int) -> str:
+    """'even' or 'odd': a query's position among all the queries of the data file.
 
-    Positions, not the numbers in case ids: a sample taken every 4th question
-    (as the visible file is) has only even ids.
+    Methods are chosen on one half and checked on the other. Positions, not the
+    numbers in ids: a sample taken every 4th question (as the LongMemEval file
+    is, one query per case) has only even ids; and queries, not cases, so that
+    a file of one conversation (the LoCoMo one) splits too.
     """
-    return "even" if index % 2 == 0 else "odd"
+    return "even" if position % 2 == 0 else "odd"
 
 
 def groups_of(case: dict[str, Any]) -> dict[str, str]:
@@ -87,22 +89,27 @@ def groups_of(case: dict[str, Any]) -> dict[str, str]:
 
 @dataclass
 class Tally:
-    """Per-query metrics of a run, overall and for each half of the cases."""
+    """Per-query metrics of a run, overall and for each half of the queries."""
 
     rows: list[tuple[str, dict[str, float]]] = field(default_factory=list)
+    position: int = 0  # queries seen so far, scored or not
     halves: dict[str, list[tuple[str, dict[str, float]]]] = field(
         default_factory=lambda: {"even": [], "odd": []}
     )
 
     def add(
         self,
-        index: int,
         case: dict[str, Any],
         query: dict[str, Any],
         ranked: Sequence[str],
         group_of: Mapping[str, str],
     ) -> None:
-        """Score one query's ranking (queries with no gold at all are skipped)."""
+        """Score one query's ranking (queries with no gold at all are skipped).
+
+        Call it for every query of the file, in file order: a query's half is its position.
+        """
+        half = query_half(self.position)
+        self.position += 1
         judgement = QueryJudgement(
             case=str(case["case"]),
             query=str(query["id"]),
@@ -113,10 +120,10 @@ class Tally:
         if judgement.gold or judgement.gold_groups:
             metrics = query_metrics(ranked, judgement, group_of)
             self.rows.append((judgement.category, metrics))
-            self.halves[case_half(index)].append((judgement.category, metrics))
+            self.halves[half].append((judgement.category, metrics))
 
     def tables(self) -> tuple[MetricTable, MetricTable, MetricTable]:
-        """All cases, the even-position cases, the odd-position cases."""
+        """All queries, the even-position queries, the odd-position queries."""
         return aggregate(self.rows), aggregate(self.halves["even"]), aggregate(self.halves["odd"])
 
 
@@ -133,8 +140,8 @@ class ScoreReport:
     def to_json(self) -> dict[str, Any]:
         return {
             "metrics": self.table.to_json(),
-            "even_cases": self.even.to_json(),
-            "odd_cases": self.odd.to_json(),
+            "even_queries": self.even.to_json(),
+            "odd_queries": self.odd.to_json(),
             "missing_queries": self.missing,
             "unknown_run_lines": self.unknown,
         }
@@ -162,13 +169,13 @@ def score_run(data: Path, run: Path) -> ScoreReport:
     tally = Tally()
     seen: set[tuple[str, str]] = set()
     missing = 0
-    for index, case in enumerate(read_cases(data)):
+    for case in read_cases(data):
         group_of = groups_of(case)
         for query in case["queries"]:
             key = (str(case["case"]), str(query["id"]))
             seen.add(key)
             missing += key not in ranked
-            tally.add(index, case, query, ranked.get(key, []), group_of)
+            tally.add(case, query, ranked.get(key, []), group_of)
     table, even, odd = tally.tables()
     return ScoreReport(table, even, odd, missing, len(set(ranked) - seen))
 
@@ -231,6 +238,7 @@ async def run_retrieval_bench(
                     limit=RUN_DEPTH,
                     # A run file is a ranking at least 50 deep: no relevance floor.
                     min_relevance=0.0,
+                    count_access=False,
                     now=parse_time(str(query["time"])) if query.get("time") else None,
                 )
                 mode = found.mode
@@ -245,7 +253,7 @@ async def run_retrieval_bench(
                     json.dumps({"case": case_id, "query": str(query["id"]), "ranked": ranked})
                     + "\n"
                 )
-                tally.add(index, case, query, ranked, group_of)
+                tally.add(case, query, ranked, group_of)
             cases += 1
             memories += len(requests)
             if progress is not None:
