@@ -219,6 +219,32 @@ class SearchSettings(_Section):
             ),
         ),
     ] = 0.2
+    context_minutes: Annotated[
+        float,
+        Meta(
+            ge=0,
+            le=1440,
+            description=(
+                "Memories of one project and corpus written within this many minutes of each "
+                "other are read as one conversation: a memory also ranks by the words "
+                "of the one before or after it (a reply by the question it answers), once "
+                "it is relevant enough on its own. 0 turns it off."
+            ),
+        ),
+    ] = 30.0
+    feedback_weight: Annotated[
+        float,
+        Meta(
+            ge=0,
+            le=5,
+            description=(
+                "Pseudo-relevance feedback: how far the query vector moves toward the mean of "
+                "its five best candidates before they are ranked again (what the best hits "
+                "share lifts the others about it). It re-orders, never admits: min_relevance "
+                "is checked without it. 0 turns it off."
+            ),
+        ),
+    ] = 0.7
 
 
 class RankingSettings(_Section):

@@ -41,7 +41,15 @@ from memory_mcp.records import (
     without_surrogates,
 )
 from memory_mcp.scope import GLOBAL_KEY, Scope, project_scope
-from memory_mcp.search import Candidates, SearchPlan, candidates, fuse, shown, shown_record
+from memory_mcp.search import (
+    Candidates,
+    SearchPlan,
+    candidates,
+    fuse,
+    read_around,
+    shown,
+    shown_record,
+)
 from memory_mcp.storage.base import Filters, StoreStats, TaskState, Vector
 from memory_mcp.storage.sqlite import SqliteStore
 from memory_mcp.write import Draft, apply, clean_text, prepare
@@ -125,6 +133,8 @@ class MemoryService:
             candidates=settings.search.candidates,
             lexical_weight=settings.search.lexical_weight,
             min_relevance=settings.search.min_relevance,
+            context_seconds=settings.search.context_minutes * 60,
+            feedback_weight=settings.search.feedback_weight,
             ranking=ranker.RankerConfig(
                 half_life_days=settings.ranking.half_life_days,
                 durable_half_life_days=settings.ranking.durable_half_life_days,
@@ -461,6 +471,7 @@ class MemoryService:
         query_vector, identity, warnings = await self._embed_query(text)
         at = now or self.clock()
         found = await candidates(self.db, text, query_vector, identity, filters, self._plan)
+        await read_around(self.db, found, query_vector, identity, self._plan)
         hits = fuse(
             found,
             dense=query_vector is not None,
@@ -548,7 +559,14 @@ class MemoryService:
             min_relevance=0.0,
             redact=False,  # every candidate comes back: only those kept are shown
         )
-        kept = [h for h in hits if round(h.score, 4) >= threshold]
+        # At the threshold on its own text too: its neighbours and the feedback of
+        # the best hits re-order results, they never make one (search.read_around).
+        kept = [
+            h
+            for h in hits
+            if round(h.score, 4) >= threshold
+            and round(h.score if h.own_score is None else h.own_score, 4) >= threshold
+        ]
         kept.sort(
             key=lambda h: (-round(h.score, 4), SOURCE_OF_CORPUS[h.record.corpus], h.record.id)
         )
@@ -610,6 +628,7 @@ class MemoryService:
         async with anyio.create_task_group() as group:
             for label, filters in branches:
                 group.start_soon(gather, label, filters)
+        await read_around(self.db, found, query_vector, identity, self._plan)
         return query_vector, found, [*warnings, *sorted(failures)]
 
     async def _annotate(self, hits: Sequence[Hit]) -> None:

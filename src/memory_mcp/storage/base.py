@@ -44,6 +44,14 @@ class Scored:
 
 
 @dataclass
+class Around:
+    """A record's whole-text vector, and those of its neighbours in time, by id."""
+
+    vector: Vector
+    neighbours: dict[str, Vector]
+
+
+@dataclass
 class StoreStats:
     """Counts for ``status``."""
 

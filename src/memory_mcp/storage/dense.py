@@ -81,6 +81,28 @@ class _Segment:
         self.rowid = np.zeros(0, np.int64)  # -1: a dropped row
         self.corpus = np.zeros(0, np.int16)
         self.kind = np.zeros(0, np.int16)
+        # Rows by rowid (positions, and their rowids in ascending order), for
+        # ``find``; made again after any change.
+        self._by_rowid: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]] | None = None
+
+    def find(self, rowids: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """The positions of the rows with these rowids that the segment holds.
+
+        A binary search in the rows sorted by rowid (sorted once per change of
+        the segment): a membership test over every row cost 3-28 ms at 110,000
+        rows per call, and a search asks several times.
+        """
+        if self._by_rowid is None:
+            order = np.argsort(self.rowid[: self.size], kind="stable")
+            self._by_rowid = order, self.rowid[: self.size][order]
+        order, keys = self._by_rowid
+        if not len(keys) or not len(rowids):
+            return np.zeros(0, np.int64)
+        at = np.searchsorted(keys, rowids)
+        inside = at < len(keys)
+        at, wanted = at[inside], rowids[inside]
+        positions: npt.NDArray[np.int64] = order[at[keys[at] == wanted]]
+        return positions  # wanted rowids are >= 0: no dropped row
 
     def append(
         self,
@@ -103,6 +125,7 @@ class _Segment:
         self.corpus[self.size : end] = corpus
         self.kind[self.size : end] = kind
         self.size = end
+        self._by_rowid = None
 
     def _resize(self, capacity: int) -> None:
         """Keep the live rows only, in arrays of ``capacity`` rows."""
@@ -114,6 +137,7 @@ class _Segment:
             new[: len(live)] = old[live]
             setattr(self, name, new)
         self.size, self.dead = len(live), 0
+        self._by_rowid = None
 
     def drop(self, seqs: npt.NDArray[np.int64]) -> None:
         """Forget the rows of these records."""
@@ -122,6 +146,7 @@ class _Segment:
         hits = int(gone.sum())
         if hits:
             rowid[gone] = -1
+            self._by_rowid = None
             self.dead += hits
             if self.dead > max(BLOCK, self.size // 4):
                 self._resize(self.size - self.dead)
@@ -369,13 +394,29 @@ class DenseIndex:
         wanted = np.asarray(list(rowids), np.int64)
         out: dict[int, float] = {}
         for segment in self._segments.values():
-            rowid = segment.rowid[: segment.size]
-            at = np.flatnonzero(np.isin(rowid, wanted))
+            at = segment.find(wanted)
             if not len(at):
                 continue
             sims = (segment.codes[at].astype(np.float32) @ unit) * segment.scale[at]
-            out.update(zip(rowid[at].tolist(), sims.tolist(), strict=True))
+            out.update(zip(segment.rowid[at].tolist(), sims.tolist(), strict=True))
         return out
+
+    def vectors_of(self, rowids: Collection[int]) -> tuple[npt.NDArray[np.int64], Vector]:
+        """The rows among these that the index holds, by rowid, and their vectors
+        (from the int8 codes: unit length to about 1%)."""
+        wanted = np.asarray(list(rowids), np.int64)
+        found: list[npt.NDArray[np.int64]] = []
+        held: list[Vector] = []
+        for segment in self._segments.values():
+            at = segment.find(wanted)
+            if len(at):
+                found.append(segment.rowid[at])
+                held.append(segment.codes[at].astype(np.float32) * segment.scale[at][:, None])
+        if not found:
+            return np.zeros(0, np.int64), np.zeros((0, self.dim), np.float32)
+        rowid, vectors = np.concatenate(found), np.concatenate(held)
+        order = np.argsort(rowid, kind="stable")
+        return rowid[order], vectors[order]
 
 
 def _unit(vector: Vector) -> Vector:

@@ -43,7 +43,7 @@ from memory_mcp.lexical import fts_query, query_terms, stem
 from memory_mcp.passages import MAX_PASSAGES
 from memory_mcp.ranker import emphasis
 from memory_mcp.records import Conflict, MergedEntry, Record, content_hash
-from memory_mcp.storage.base import Filters, Scored, StoreStats, TaskState, Vector
+from memory_mcp.storage.base import Around, Filters, Scored, StoreStats, TaskState, Vector
 from memory_mcp.storage.driver import (
     DATABASE_ERRORS,
     ERRORS,
@@ -485,6 +485,73 @@ class _Queries:
             record_id = id_of[_owner(rowid)]
             scores[record_id] = max(scores.get(record_id, -1.0), similarity)
         return scores
+
+    async def in_conversation(
+        self, record_ids: Sequence[str], within_seconds: float, embedder: str
+    ) -> dict[str, Around]:
+        """Each record's whole-text vector from ``embedder``, with its neighbours in time.
+
+        A record's neighbours are the current records of its scope and corpus
+        written just before and just after it (by creation time, then write
+        order), when no more than ``within_seconds`` apart from it. Records (and
+        neighbours) without a vector from ``embedder`` are left out. One query
+        finds them all: the nearest record on each side is an index seek.
+        """
+        import numpy as np
+
+        table = await self._store._vector_table(self._conn, embedder)
+        if table is None or not record_ids:
+            return {}
+        side = (
+            "(SELECT CASE WHEN abs(julianday(o.created_at) - julianday(c.created_at)) "
+            "* 86400.0 <= ? AND o.embedder = ? AND o.vec_rows > 0 "
+            "THEN json_array(o.id, o.seq) END FROM records o "
+            "WHERE o.scope_key = c.scope_key AND o.corpus = c.corpus AND o.live = 1 "
+            "AND o.created_at {cmp}= c.created_at "
+            "AND (o.created_at {cmp} c.created_at OR o.seq {cmp} c.seq) "
+            "ORDER BY o.created_at {order}, o.seq {order} LIMIT 1)"
+        )
+        near = [within_seconds, embedder] if within_seconds > 0 else []
+        sides = (
+            f", {side.format(cmp='<', order='DESC')}, {side.format(cmp='>', order='ASC')}"
+            if within_seconds > 0
+            else ""
+        )
+        rows = await self._fetch(
+            f"SELECT c.id, c.seq, c.scope_key{sides} FROM records c "
+            f"WHERE c.id IN ({_marks(record_ids)}) AND +c.embedder = ? AND c.vec_rows > 0",
+            [*near, *near, *record_ids, embedder],
+        )
+        if not rows:
+            return {}
+        found: dict[str, tuple[int, list[tuple[str, int]]]] = {}
+        for record_id, seq, _, *around in rows:
+            others = [tuple(json.loads(value)) for value in around if value]
+            found[str(record_id)] = (int(seq), [(str(i), int(q)) for i, q in others])
+        seqs = {seq for seq, _ in found.values()}
+        seqs.update(q for _, others in found.values() for _, q in others)
+        rowids = sorted(_rowids(seq, 1)[0] for seq in seqs)
+        rowid, vectors = await self._store._vectors(table, rowids)
+        own = self._own_writes()
+        vector_of = {
+            _owner(r): vectors[i] for i, r in enumerate(rowid.tolist()) if _owner(r) not in own
+        }
+        rest = [r for r in rowids if _owner(r) not in vector_of]
+        if rest:
+            for r, blob in await self._fetch(
+                f"SELECT j.value, v.embedding FROM json_each(?) j "
+                f"JOIN {table} v ON v.rowid = j.value",
+                [json.dumps(rest)],
+            ):
+                vector_of[_owner(int(r))] = np.frombuffer(bytes(blob), dtype=np.float32)
+        return {
+            record_id: Around(
+                vector_of[seq],
+                {i: vector_of[q] for i, q in others if q in vector_of},
+            )
+            for record_id, (seq, others) in found.items()
+            if seq in vector_of
+        }
 
     def _own_writes(self) -> Collection[int]:
         """Records whose vectors this connection wrote and has not committed."""
@@ -1075,6 +1142,11 @@ class SqliteStore:
     ) -> dict[str, float]:
         return await self._queries.dense_scores(vector, embedder, record_ids)
 
+    async def in_conversation(
+        self, record_ids: Sequence[str], within_seconds: float, embedder: str
+    ) -> dict[str, Around]:
+        return await self._queries.in_conversation(record_ids, within_seconds, embedder)
+
     async def current(self, filters: Filters, limit: int) -> list[Record]:
         return await self._queries.current(filters, limit)
 
@@ -1495,6 +1567,23 @@ class SqliteStore:
         """The cosine of each of these rows the in-memory copy holds."""
         async with self._ready_copy(table, embedder, scope_keys) as index:
             return {} if index is None else index.cosines_of(vector, rowids)
+
+    async def _vectors(
+        self, table: str, rowids: Sequence[int]
+    ) -> tuple[npt.NDArray[np.int64], Vector]:
+        """These rows as the in-memory copy holds them: rowids in order, and vectors.
+
+        The copy is read as it is, not first brought up to date: the rows asked
+        for are those of records a search has just found through it, and a row
+        it does not hold is read from vec0 by the caller.
+        """
+        import numpy as np
+
+        index = self._copies.get(table) if not self._copy_off else None
+        if index is None:
+            return np.zeros(0, np.int64), np.zeros((0, 0), np.float32)
+        async with index.lock:
+            return index.vectors_of(rowids)
 
     async def _delete_vectors(
         self, conn: aiosqlite.Connection, embedder: str, seq: int, count: int

@@ -1,0 +1,146 @@
+"""Search reads a memory in its conversation, and refines the query by feedback."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from memory_mcp.config import Settings, replaced
+from memory_mcp.embedders.base import FakeEmbedder
+from memory_mcp.service import MemoryService, StoreRequest
+from memory_mcp.storage.base import Around
+
+pytestmark = pytest.mark.anyio
+
+T0 = datetime(2024, 3, 9, 14, 0, tzinfo=UTC)
+QUESTION = "Caroline: Did you finally go to the pottery workshop in Lisbon?"
+REPLY = "Melanie: Yes, twice! The second time my sister came along."
+QUERY = "pottery workshop Lisbon"
+
+
+async def _open(tmp_path: Path, name: str, **search: float) -> AsyncIterator[MemoryService]:
+    base = Settings()
+    settings = replaced(base, search=replaced(base.search, **search)) if search else base
+    async with MemoryService.open(
+        settings, database=tmp_path / f"{name}.db", embedder=FakeEmbedder(), wait_for_embedder=10
+    ) as service:
+        yield service
+
+
+async def _conversation(memory: MemoryService, project: Path) -> dict[str, str]:
+    texts = {
+        "question": (QUESTION, T0),
+        "reply": (REPLY, T0),
+        "later": ("Melanie: My sister visits again in June.", T0 + timedelta(hours=3)),
+        "earlier": ("Caroline: The ferry to Porto was late again.", T0 - timedelta(days=2)),
+    }
+    results = await memory.store_valid(
+        [
+            StoreRequest(text, cwd=project, agent="chat", created_at=at)
+            for text, at in texts.values()
+        ]
+    )
+    ids = {name: r.id for name, r in zip(texts, results, strict=True)}  # type: ignore[union-attr]
+    assert len(set(ids.values())) == 4
+    return ids
+
+
+async def test_a_reply_ranks_by_the_question_it_answers_and_is_no_hit_for_that_alone(
+    tmp_path: Path, project: Path
+) -> None:
+    orders = {}
+    for name, minutes in (("on", 30), ("off", 0)):
+        async for memory in _open(tmp_path, name, context_minutes=minutes):
+            ids = await _conversation(memory, project)
+            ranking = await memory.search(QUERY, cwd=project, min_relevance=0.0)
+            found = [h.record.id for h in ranking.hits]
+            orders[name] = [next(k for k, v in ids.items() if v == rid) for rid in found]
+            # At the relevance floor, only what holds the question's words is a hit:
+            # the reply is not made one by its neighbour.
+            hits = (await memory.search(QUERY, cwd=project)).hits
+            assert [h.record.id for h in hits] == [ids["question"]]
+    assert orders["on"][:2] == ["question", "reply"]
+    assert orders["off"][0] == "question" and orders["off"].index("reply") > 1
+    # Written three hours later: another conversation, not lifted by the question.
+    assert orders["on"].index("later") > orders["on"].index("reply")
+
+
+def _neighbours(around: dict[str, Around], names: dict[str, str]) -> dict[str, list[str]]:
+    name_of = {v: k for k, v in names.items()}
+    return {name_of[rid]: sorted(name_of[n] for n in a.neighbours) for rid, a in around.items()}
+
+
+async def test_neighbours_in_time_stay_in_their_project_and_skip_what_is_gone(
+    memory: MemoryService, project: Path, other_project: Path
+) -> None:
+    ids = await _conversation(memory, project)
+    elsewhere = await memory.store(
+        "Caroline: An unrelated note", cwd=other_project, created_at=T0 + timedelta(minutes=1)
+    )
+    ids["elsewhere"] = elsewhere.id
+    embedder = memory.embeddings.identity
+    assert embedder is not None
+    within = 30 * 60.0
+    around = await memory.db.in_conversation([*ids.values(), "no-such-id"], within, embedder)
+    # Same creation time: both are each other's neighbour; the other project's note
+    # and the records hours or days away are nobody's.
+    assert _neighbours(around, ids) == {
+        "question": ["reply"],
+        "reply": ["question"],
+        "later": [],
+        "earlier": [],
+        "elsewhere": [],
+    }
+    expected = FakeEmbedder().embed([REPLY])[0]
+    vector = around[ids["reply"]].vector
+    # int8 codes in the in-memory copy: the cosine moves by a little
+    assert float(vector @ expected) / float(np.linalg.norm(vector)) == pytest.approx(1, abs=1e-2)
+    neighbour = around[ids["question"]].neighbours[ids["reply"]]
+    assert float(np.abs(neighbour - vector).max()) < 1e-6
+    await memory.forget(ids["reply"], cwd=project)
+    around = await memory.db.in_conversation([ids["question"]], within, embedder)
+    assert around[ids["question"]].neighbours == {}
+    # A wider window reaches across the hours (and the days); none reads only the records.
+    wide = await memory.db.in_conversation([ids["question"]], 3 * 86400.0, embedder)
+    assert _neighbours(wide, ids) == {"question": ["earlier", "later"]}
+    alone = await memory.db.in_conversation([ids["question"]], 0, embedder)
+    assert _neighbours(alone, ids) == {"question": []}
+    assert await memory.db.in_conversation([ids["question"]], within, "other:model") == {}
+
+
+async def test_feedback_reorders_the_relevant_hits_and_admits_none(
+    tmp_path: Path, project: Path
+) -> None:
+    texts = [
+        "Deploy the billing service with helm from the release branch",
+        "Billing service deploys need the on-call engineer watching the helm rollout dashboards",
+        "The rollout dashboards and the on-call rota live in Grafana",
+        "Invoices are emailed on the first of each month",
+    ]
+    query = "deploy billing service helm"
+    orders = {}
+    for name, weight in (("with", 0.7), ("without", 0.0)):
+        async for memory in _open(tmp_path, name, feedback_weight=weight, context_minutes=0):
+            stored = await memory.store_valid(
+                [
+                    StoreRequest(t, cwd=project, created_at=T0 - timedelta(days=i))
+                    for i, t in enumerate(texts)
+                ]
+            )
+            index = {r.id: n for n, r in enumerate(stored)}  # type: ignore[union-attr]
+            ranking = await memory.search(query, cwd=project, limit=10, min_relevance=0.0)
+            orders[name] = [index[h.record.id] for h in ranking.hits]
+            relevant = (await memory.search(query, cwd=project, limit=10)).hits
+            assert [index[h.record.id] for h in relevant] == [0, 1]
+            # Nothing about the query at all: feedback admits nothing.
+            assert (await memory.search("ferry timetable Porto", cwd=project)).hits == []
+    assert sorted(orders["with"]) == sorted(orders["without"])
+    assert orders["with"][:2] == [0, 1]
+    # What the two best hits share (rollout dashboards, on-call) lifts the third above
+    # the invoices, which nothing ties to the question.
+    assert orders["with"].index(2) < orders["with"].index(3)
+    assert orders["without"].index(3) < orders["without"].index(2)
