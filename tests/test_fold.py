@@ -128,3 +128,63 @@ def test_a_value_inside_a_longer_value_is_not_the_same_value() -> None:
         "Migrations live in `db/migrations`.", "Migrations live in `src/db/migrations`."
     )
     assert "db/migrations" in evidence.old_only_values
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "similarity", "expected"),
+    [
+        # "on" / "off" are stop words to search, but opposites here.
+        (
+            "Server-side rendering is on for the marketing pages.",
+            "Server-side rendering is off for the marketing pages; they are static exports.",
+            0.79,
+            "conflict",
+        ),
+        (
+            "GraphQL introspection is enabled in production.",
+            "GraphQL introspection is turned off in production.",
+            0.91,
+            "conflict",
+        ),
+        (
+            "Feature branches are deleted after merge.",
+            "Feature branches are kept after merge for auditing.",
+            0.83,
+            "conflict",
+        ),
+        (
+            "Avoid `unwrap()` in mantis library code.",
+            "`unwrap()` is acceptable in mantis tests and examples.",
+            0.85,
+            "conflict",
+        ),
+        # The "not" of a contrast rejects the alternative: no contradiction...
+        ("In hawk, use `slog` for logging, not `logrus`.",
+         "hawk logs through slog rather than logrus.", 0.86, "insert"),
+        # ...unless the other side states what it rejects.
+        ("The API returns timestamps in UTC.",
+         "The API returns timestamps in the server's local time, not UTC.", 0.94, "conflict"),
+        # "every minute" is one minute: a changed interval, not a rewording.
+        ("ArgoCD polls git every 3 minutes.", "ArgoCD polls git every minute.", 0.98, "supersede"),
+        # Two people's turns of one conversation are two statements.
+        (
+            "Melanie: Wow, Caroline! That's awesome! Taking in kids in need - you're so kind.",
+            "Caroline: Thanks, Melanie! That's really kind. Taking in kids is my dream.",
+            0.86,
+            "insert",
+        ),
+        # Little shared, much said on each side: two statements, however close.
+        (
+            "Caroline: Wow, Melanie! The colors really blend nicely. Painting looks like a "
+            "great outlet for expressing yourself.",
+            "Caroline: Thanks, Melanie! That's really sweet. Is this your own painting? "
+            "I love the bright flowers and the sky behind them.",
+            0.80,
+            "insert",
+        ),
+    ],
+)
+def test_opposites_intervals_and_conversations_are_never_folded(
+    old: str, new: str, similarity: float, expected: str
+) -> None:
+    assert action(old, new, similarity) == expected
