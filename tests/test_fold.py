@@ -159,11 +159,19 @@ def test_a_value_inside_a_longer_value_is_not_the_same_value() -> None:
             "conflict",
         ),
         # The "not" of a contrast rejects the alternative: no contradiction...
-        ("In hawk, use `slog` for logging, not `logrus`.",
-         "hawk logs through slog rather than logrus.", 0.86, "insert"),
+        (
+            "In hawk, use `slog` for logging, not `logrus`.",
+            "hawk logs through slog rather than logrus.",
+            0.86,
+            "insert",
+        ),
         # ...unless the other side states what it rejects.
-        ("The API returns timestamps in UTC.",
-         "The API returns timestamps in the server's local time, not UTC.", 0.94, "conflict"),
+        (
+            "The API returns timestamps in UTC.",
+            "The API returns timestamps in the server's local time, not UTC.",
+            0.94,
+            "conflict",
+        ),
         # "every minute" is one minute: a changed interval, not a rewording.
         ("ArgoCD polls git every 3 minutes.", "ArgoCD polls git every minute.", 0.98, "supersede"),
         # Two people's turns of one conversation are two statements.
