@@ -1194,24 +1194,51 @@ def _database(cwd: Path | None) -> Path:
 @bench_app.command("fold")
 def bench_fold(
     pairs: Annotated[Path, typer.Argument(help="Labelled pairs, JSONL (see bench/FORMAT.md).")],
+    cv: Annotated[
+        int | None,
+        typer.Option(
+            min=2,
+            max=20,
+            help="Cross-validate the fold threshold in K folds: each fold's pairs are "
+            "decided with the threshold the other folds choose (most duplicates folded at "
+            "precision >= 0.95, no contradiction folded).",
+        ),
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Store a then b for each pair in a fresh scope; count what the pipeline did per label."""
-    from memory_mcp.bench.fold import ACTIONS, LABELS, read_pairs, run_fold_bench
+    from memory_mcp.bench.fold import (
+        ACTIONS,
+        LABELS,
+        cross_validate,
+        pair_evidence,
+        read_pairs,
+        run_fold_bench,
+    )
 
     async def work() -> Any:
         loaded = _settings(None)
         items = read_pairs(pairs)
         with tempfile.TemporaryDirectory(prefix="memory-mcp-bench-") as tmp:
             async with _open_memory(loaded, Path(tmp) / "bench.db", needs_vectors=True) as memory:
+                if cv is not None:
+                    evidence = await pair_evidence(memory, items)
+                    identity = memory.embeddings.identity or "bm25"
+                    return cross_validate(
+                        items, evidence, loaded.settings.fold, k=cv, embedder=identity
+                    )
                 with _progress("pairs", len(items)) as report:
                     return await run_fold_bench(memory, items, progress=report)
 
-    report = _run(work)
+    result = _run(work)
     if as_json:
-        _print_json(report.to_json())
+        _print_json(result.to_json())
         return
+    report = result.report if cv is not None else result
     out.print(f"{report.pairs} pairs, embedder {report.embedder}")
+    if cv is not None:
+        chosen = ", ".join(f"{t:.2f}" for t in result.chosen)
+        out.print(f"{cv}-fold cross-validation, out-of-fold decisions; thresholds chosen: {chosen}")
     labels = [label for label in LABELS if label in report.counts] + sorted(
         set(report.counts) - set(LABELS)
     )

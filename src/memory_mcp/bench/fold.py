@@ -16,7 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from memory_mcp.bench.files import read_jsonl
+from memory_mcp.config import FoldSettings, replaced
 from memory_mcp.errors import InvalidInput
+from memory_mcp.fold import Evidence, compare, decide
+from memory_mcp.passages import record_passages
 from memory_mcp.service import MemoryService, StoreRequest
 
 ACTIONS = ("folded", "superseded", "conflict", "inserted")
@@ -140,3 +143,117 @@ async def run_fold_bench(
     report.counts = dict(counts)
     report.by_source = {s: dict(labels) for s, labels in by_source.items()}
     return report
+
+
+# Cross-validation of the decision's thresholds ---------------------------------------
+
+# The fold threshold candidates (fold.dense_threshold) a training split chooses from.
+THRESHOLDS = tuple(round(0.70 + 0.01 * i, 2) for i in range(26))
+PRECISION_GOAL = 0.95
+
+
+@dataclass
+class CrossValidation:
+    """Out-of-fold decisions: each pair decided with the threshold its training folds chose."""
+
+    report: FoldReport
+    chosen: list[float]  # the threshold each fold's training pairs chose
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.report.to_json(), "thresholds_chosen": self.chosen}
+
+
+async def pair_evidence(memory: MemoryService, pairs: list[FoldPair]) -> list[Evidence]:
+    """What the write pipeline's decision sees for each pair, alone in its scope.
+
+    ``compare(a, b, cosine)``, the cosine being ``b``'s vector against the best of
+    ``a``'s passages, as ``write.neighbours`` reads it; none on the lexical floor.
+    """
+    import numpy as np
+
+    passages = {p.a: record_passages(p.a, []) for p in pairs}
+    texts = sorted({t for ps in passages.values() for t in ps} | {p.b for p in pairs})
+    vectors: dict[str, Any] = {}
+    for start in range(0, len(texts), 256):
+        batch = texts[start : start + 256]
+        embedded = await memory.embeddings.embed(batch)
+        if embedded is None:
+            return [compare(p.a, p.b) for p in pairs]
+        vectors.update(zip(batch, np.asarray(embedded), strict=True))
+    return [
+        compare(p.a, p.b, max(float(vectors[t] @ vectors[p.b]) for t in passages[p.a]))
+        for p in pairs
+    ]
+
+
+def _counts(
+    pairs: list[FoldPair], evidence: list[Evidence], threshold: float, settings: FoldSettings
+) -> tuple[int, int, int]:
+    """(folds, true duplicates among them, contradictions among them) at ``threshold``."""
+    chosen = replaced(settings, dense_threshold=threshold)
+    folds = dup = contra = 0
+    for pair, ev in zip(pairs, evidence, strict=True):
+        if decide(ev, chosen).action == "fold":
+            folds += 1
+            dup += pair.label == "duplicate"
+            contra += pair.label == "contradiction"
+    return folds, dup, contra
+
+
+def choose_threshold(
+    pairs: list[FoldPair], evidence: list[Evidence], settings: FoldSettings
+) -> float:
+    """The threshold that folds the most duplicates at fold precision >= PRECISION_GOAL
+    with no contradiction folded, on these pairs; the highest one when none does."""
+    best = (THRESHOLDS[-1], -1)
+    for threshold in THRESHOLDS:
+        folds, dup, contra = _counts(pairs, evidence, threshold, settings)
+        if contra == 0 and folds and dup / folds >= PRECISION_GOAL and dup > best[1]:
+            best = (threshold, dup)
+    return best[0]
+
+
+def cross_validate(
+    pairs: list[FoldPair],
+    evidence: list[Evidence],
+    settings: FoldSettings,
+    *,
+    k: int,
+    embedder: str,
+) -> CrossValidation:
+    """k-fold cross-validation of ``fold.dense_threshold``, stratified by source and label.
+
+    For each fold, the threshold is chosen on the other folds' pairs
+    (``choose_threshold``) and the fold's pairs are decided with it: the
+    figures are what the choice does on pairs it did not see.
+    """
+    strata: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for i, pair in enumerate(pairs):
+        strata[(source_family(pair.source), pair.label)].append(i)
+    fold_of = [0] * len(pairs)
+    for members in strata.values():
+        for position, index in enumerate(members):
+            fold_of[index] = position % k
+    counts: dict[str, Counter[str]] = defaultdict(Counter)
+    by_source: dict[str, dict[str, Counter[str]]] = defaultdict(lambda: defaultdict(Counter))
+    chosen: list[float] = []
+    done = {"fold": "folded", "supersede": "superseded", "conflict": "conflict"}
+    for held_out in range(k):
+        train = [i for i in range(len(pairs)) if fold_of[i] != held_out]
+        threshold = choose_threshold(
+            [pairs[i] for i in train], [evidence[i] for i in train], settings
+        )
+        chosen.append(threshold)
+        decided = replaced(settings, dense_threshold=threshold)
+        for i in range(len(pairs)):
+            if fold_of[i] != held_out:
+                continue
+            action = done.get(decide(evidence[i], decided).action, "inserted")
+            counts[pairs[i].label][action] += 1
+            by_source[source_family(pairs[i].source)][pairs[i].label][action] += 1
+    report = FoldReport(
+        counts=dict(counts),
+        by_source={s: dict(labels) for s, labels in by_source.items()},
+        embedder=embedder,
+    )
+    return CrossValidation(report, chosen)
