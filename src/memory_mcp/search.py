@@ -33,6 +33,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from memory_mcp import ranker
+from memory_mcp.embedders.base import normalize_rows
 from memory_mcp.lexical import stems
 from memory_mcp.records import Hit, Record
 from memory_mcp.secret_scan import redact_text
@@ -67,11 +68,14 @@ class Candidates:
     feedback: dict[str, float] = field(default_factory=dict)
 
     def update(self, other: Candidates) -> None:
-        """Add another branch's candidates (a record found twice keeps its best scores)."""
+        """Add another branch's candidates (a record found twice keeps its best scores).
+
+        ``context`` and ``feedback`` are not merged: ``read_around`` fills them once,
+        on the merged candidates.
+        """
         self.records.update(other.records)
         pairs = ((self.bm25, other.bm25), (self.cosine, other.cosine))
-        more = ((self.coverage, other.coverage), (self.context, other.context))
-        for mine, theirs in (*pairs, *more, (self.feedback, other.feedback)):
+        for mine, theirs in (*pairs, (self.coverage, other.coverage)):
             for rid, value in theirs.items():
                 mine[rid] = max(value, mine.get(rid, value))
 
@@ -105,6 +109,20 @@ async def candidates(
 
 
 FEEDBACK_RECORDS = 5  # the best candidates whose vectors refine the query
+
+
+def _fusion(found: Candidates, *, dense: bool, plan: SearchPlan) -> tuple[float, float]:
+    """``a`` (the lexical branch's weight: all of it without vectors, none without
+    lexical hits) and ``max_bm25``, the scale of the BM25 scores."""
+    a = plan.lexical_weight if dense else 1.0
+    if dense and not found.bm25:
+        a = 0.0
+    return a, max(found.bm25.values(), default=0.0)
+
+
+def _lexical(found: Candidates, rid: str, top_bm25: float) -> float:
+    """The record's BM25 over the best of the query's (0 when the lexical branch missed it)."""
+    return found.bm25[rid] / top_bm25 if rid in found.bm25 and top_bm25 > 0 else 0.0
 
 
 async def read_around(
@@ -147,13 +165,11 @@ async def read_around(
         return
     if plan.context_seconds <= 0 and plan.feedback_weight <= 0:
         return
-    top_bm25 = max(found.bm25.values(), default=0.0)
-    a = plan.lexical_weight if found.bm25 else 0.0
+    a, top_bm25 = _fusion(found, dense=True, plan=plan)
 
     def provisional(rid: str) -> float:
-        lex = found.bm25.get(rid, 0.0) / top_bm25 if top_bm25 > 0 else 0.0
         cos = max(0.0, found.cosine[rid], found.context.get(rid, 0.0))
-        return a * lex + (1 - a) * cos
+        return a * _lexical(found, rid, top_bm25) + (1 - a) * cos
 
     around = await store.in_conversation(list(found.cosine), plan.context_seconds, embedder)
     query = _unit(np.asarray(query_vector, dtype=np.float32))
@@ -172,8 +188,7 @@ async def read_around(
         return
     # The refined query's cosine with each candidate's whole text, alone and read
     # with a neighbour.
-    norms = np.linalg.norm(whole, axis=1)
-    cosines = (whole @ refined) / np.where(norms > 0, norms, 1.0)
+    cosines = normalize_rows(whole) @ refined
     found.feedback = dict(zip(names, cosines.tolist(), strict=True))
     for rid, value in _paired(refined, pairs).items():
         found.feedback[rid] = max(value, found.feedback[rid])
@@ -192,9 +207,7 @@ def _pairs(names: list[str], around: dict[str, Around]) -> tuple[list[str], Vect
     joint = np.stack(
         [around[rid].vector + other for rid in names for other in around[rid].neighbours.values()]
     )
-    norms = np.linalg.norm(joint, axis=1, keepdims=True)
-    unit: Vector = (joint / np.where(norms > 0, norms, 1.0)).astype(np.float32)
-    return owners, unit
+    return owners, normalize_rows(joint)
 
 
 def _paired(query: Vector, pairs: tuple[list[str], Vector]) -> dict[str, float]:
@@ -239,13 +252,10 @@ def fuse(
             and shows those through ``shown``).
     """
     min_relevance = plan.min_relevance if min_relevance is None else min_relevance
-    a = plan.lexical_weight if dense else 1.0
-    if dense and not found.bm25:
-        a = 0.0
-    top_bm25 = max(found.bm25.values(), default=0.0)
+    a, top_bm25 = _fusion(found, dense=dense, plan=plan)
     hits: list[Hit] = []
     for rid, record in found.records.items():
-        lex = found.bm25[rid] / top_bm25 if rid in found.bm25 and top_bm25 > 0 else 0.0
+        lex = _lexical(found, rid, top_bm25)
         cos = max(0.0, found.cosine.get(rid, 0.0))
         if dense and rid not in found.cosine:
             # No vector yet (stored while the model was away): its words are all there

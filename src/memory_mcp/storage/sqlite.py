@@ -497,7 +497,6 @@ class _Queries:
         neighbours) without a vector from ``embedder`` are left out. One query
         finds them all: the nearest record on each side is an index seek.
         """
-        import numpy as np
 
         table = await self._store._vector_table(self._conn, embedder)
         if table is None or not record_ids:
@@ -518,14 +517,14 @@ class _Queries:
             else ""
         )
         rows = await self._fetch(
-            f"SELECT c.id, c.seq, c.scope_key{sides} FROM records c "
+            f"SELECT c.id, c.seq{sides} FROM records c "
             f"WHERE c.id IN ({_marks(record_ids)}) AND +c.embedder = ? AND c.vec_rows > 0",
             [*near, *near, *record_ids, embedder],
         )
         if not rows:
             return {}
         found: dict[str, tuple[int, list[tuple[str, int]]]] = {}
-        for record_id, seq, _, *around in rows:
+        for record_id, seq, *around in rows:
             others = [tuple(json.loads(value)) for value in around if value]
             found[str(record_id)] = (int(seq), [(str(i), int(q)) for i, q in others])
         seqs = {seq for seq, _ in found.values()}
@@ -537,13 +536,8 @@ class _Queries:
             _owner(r): vectors[i] for i, r in enumerate(rowid.tolist()) if _owner(r) not in own
         }
         rest = [r for r in rowids if _owner(r) not in vector_of]
-        if rest:
-            for r, blob in await self._fetch(
-                f"SELECT j.value, v.embedding FROM json_each(?) j "
-                f"JOIN {table} v ON v.rowid = j.value",
-                [json.dumps(rest)],
-            ):
-                vector_of[_owner(int(r))] = np.frombuffer(bytes(blob), dtype=np.float32)
+        for r, vector in (await self._vectors_vec0(table, rest)).items():
+            vector_of[_owner(r)] = vector
         return {
             record_id: Around(
                 vector_of[seq],
@@ -552,6 +546,20 @@ class _Queries:
             for record_id, (seq, others) in found.items()
             if seq in vector_of
         }
+
+    async def _vectors_vec0(self, table: str, rowids: Sequence[int]) -> dict[int, Vector]:
+        """These vec0 rows' vectors, by rowid (in the order asked), read from vec0."""
+        import numpy as np
+
+        if not rowids:
+            return {}
+        # A join on rowid is a point lookup in vec0 (a range or IN list is a full scan).
+        rows = await self._fetch(
+            f"SELECT j.value, v.embedding FROM json_each(?) j "
+            f"JOIN {table} v ON v.rowid = j.value ORDER BY j.key",
+            [json.dumps(list(rowids))],
+        )
+        return {int(r): np.frombuffer(bytes(blob), dtype=np.float32) for r, blob in rows}
 
     def _own_writes(self) -> Collection[int]:
         """Records whose vectors this connection wrote and has not committed."""
@@ -1388,14 +1396,10 @@ class SqliteStore:
         if not rows or table is None:
             return None
         seq, count = int(rows[0][0]), int(rows[0][1])
-        found = await self._queries._fetch(
-            f"SELECT v.embedding FROM json_each(?) j JOIN {table} v ON v.rowid = j.value "
-            "ORDER BY j.key",
-            [json.dumps(_rowids(seq, count))],
-        )
+        found = await self._queries._vectors_vec0(table, _rowids(seq, count))
         if not found:
             return None
-        return np.stack([np.frombuffer(bytes(row[0]), dtype=np.float32) for row in found])
+        return np.stack(list(found.values()))
 
     async def tasks(self) -> dict[str, TaskState]:
         """Every maintenance task's state, by name."""
