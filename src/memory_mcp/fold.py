@@ -88,10 +88,11 @@ _ANTONYMS: tuple[tuple[frozenset[str], frozenset[str]], ...] = tuple(
 
 # "Use pnpm, not npm" says what "use pnpm rather than npm" says: the "not" of a
 # contrast rejects the alternative, it does not negate the statement.
-_CONTRAST = re.compile(r"(?:,|\bbut)\s+not\s+(?=\S)", re.IGNORECASE)
+_CONTRAST_NOT = r"(?:,|\bbut)\s+not"
+_CONTRAST = re.compile(rf"{_CONTRAST_NOT}\s+(?=\S)", re.IGNORECASE)
 # What a contrast rejects: the words after ", not", "but not", "rather than", "instead of".
 _REJECTED = re.compile(
-    r"(?:(?:,|\bbut)\s+not|\brather\s+than|\binstead\s+of)\s+([^,;.()]{1,40})", re.IGNORECASE
+    rf"(?:{_CONTRAST_NOT}|\brather\s+than|\binstead\s+of)\s+([^,;.()]{{1,40}})", re.IGNORECASE
 )
 
 _CHANGE_CUE = re.compile(

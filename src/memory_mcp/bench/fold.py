@@ -63,6 +63,12 @@ class FoldReport:
             return None
         return self.counts["duplicate"]["folded"] / duplicates
 
+    def add(self, pair: FoldPair, action: str) -> None:
+        """Count what was done with one pair's ``b``, under its label and its source."""
+        self.counts.setdefault(pair.label, Counter())[action] += 1
+        labels = self.by_source.setdefault(source_family(pair.source), {})
+        labels.setdefault(pair.label, Counter())[action] += 1
+
     def old_value_kept(self, label: str) -> tuple[int, int]:
         """For updates and contradictions: (old value kept visible, two current facts).
 
@@ -122,8 +128,6 @@ async def run_fold_bench(
     ``memory`` should be opened on a scratch database: the bench writes to it.
     """
     report = FoldReport(embedder=memory.embeddings.identity or "bm25")
-    by_source: dict[str, dict[str, Counter[str]]] = defaultdict(lambda: defaultdict(Counter))
-    counts: dict[str, Counter[str]] = defaultdict(Counter)
     with tempfile.TemporaryDirectory(prefix="memory-mcp-bench-fold-") as tmp:
         chunk = 100
         for start in range(0, len(pairs), chunk):
@@ -135,13 +139,9 @@ async def run_fold_bench(
                 requests.append(StoreRequest(pair.b, cwd=scope_dir, agent="bench"))
             results = await memory.store_many(requests)
             for offset, pair in enumerate(pairs[start : start + chunk]):
-                action = results[2 * offset + 1].action
-                counts[pair.label][action] += 1
-                by_source[source_family(pair.source)][pair.label][action] += 1
+                report.add(pair, results[2 * offset + 1].action)
             if progress is not None:
                 progress(start + len(requests) // 2, len(pairs))
-    report.counts = dict(counts)
-    report.by_source = {s: dict(labels) for s, labels in by_source.items()}
     return report
 
 
@@ -234,8 +234,7 @@ def cross_validate(
     for members in strata.values():
         for position, index in enumerate(members):
             fold_of[index] = position % k
-    counts: dict[str, Counter[str]] = defaultdict(Counter)
-    by_source: dict[str, dict[str, Counter[str]]] = defaultdict(lambda: defaultdict(Counter))
+    report = FoldReport(embedder=embedder)
     chosen: list[float] = []
     done = {"fold": "folded", "supersede": "superseded", "conflict": "conflict"}
     for held_out in range(k):
@@ -248,12 +247,5 @@ def cross_validate(
         for i in range(len(pairs)):
             if fold_of[i] != held_out:
                 continue
-            action = done.get(decide(evidence[i], decided).action, "inserted")
-            counts[pairs[i].label][action] += 1
-            by_source[source_family(pairs[i].source)][pairs[i].label][action] += 1
-    report = FoldReport(
-        counts=dict(counts),
-        by_source={s: dict(labels) for s, labels in by_source.items()},
-        embedder=embedder,
-    )
+            report.add(pairs[i], done.get(decide(evidence[i], decided).action, "inserted"))
     return CrossValidation(report, chosen)
