@@ -12,6 +12,7 @@ from pathlib import Path
 
 import anyio
 
+from helpers.processes import wait_for_go
 from memory_mcp.config import Settings
 from memory_mcp.embedders.base import FakeEmbedder
 from memory_mcp.service import MemoryService, StoreRequest
@@ -21,8 +22,7 @@ async def main(db: str, cwd: str, texts: list[str]) -> None:
     async with MemoryService.open(
         Settings(), database=Path(db), embedder=FakeEmbedder(), wait_for_embedder=10
     ) as memory:
-        print("ready", flush=True)
-        sys.stdin.readline()
+        wait_for_go()
         results = []
         for text in texts:
             result = (await memory.store_many([StoreRequest(text, cwd=cwd, agent="worker")]))[0]

@@ -2,66 +2,18 @@
 
 from __future__ import annotations
 
-import functools
 import os
-import subprocess
-import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
+from helpers.model import MODEL_ENV, MODEL_NAME, model_path
+from helpers.processes import Workers
 from memory_mcp.config import Settings
 from memory_mcp.embedders.base import FakeEmbedder
 from memory_mcp.embedders.fastembed import FastEmbedEmbedder
 from memory_mcp.service import MemoryService
-
-REPO = Path(__file__).resolve().parents[1]
-MODEL_ENV = "MEMORY_MCP_EMBEDDER_MODEL_PATH"
-MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
-SHARED = REPO.parent / "shared"
-
-
-@functools.cache
-def model_path() -> Path:
-    """The real model's folder, found once per test session.
-
-    ``$MEMORY_MCP_EMBEDDER_MODEL_PATH``, else ``../shared/models/`` beside the
-    clone (CI), else fastembed's normal download into its cache. When none
-    works (offline, no model), the whole run stops with one message saying how
-    to provide it.
-    """
-    configured = os.environ.get(MODEL_ENV)
-    if configured:
-        if not (Path(configured) / "model.onnx").is_file():
-            pytest.exit(f"{MODEL_ENV}={configured} holds no model.onnx; {_MODEL_HINT}", 1)
-        return Path(configured)
-    beside = SHARED / "models" / "all-MiniLM-L6-v2-onnx"
-    if (beside / "model.onnx").is_file():
-        return beside
-    try:
-        offline = FastEmbedEmbedder(MODEL_NAME).can_download()  # seconds, not fastembed's retries
-        if offline:
-            raise RuntimeError(offline)
-        from fastembed import TextEmbedding
-
-        folder = Path(TextEmbedding(MODEL_NAME).model._model_dir)
-    except Exception as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        pytest.exit(
-            f"the tests that need the real embedding model cannot get it: {MODEL_NAME} is not "
-            f"on this machine and fastembed could not download it ({reason[:200]}). "
-            f"{_MODEL_HINT}",
-            1,
-        )
-    return folder
-
-
-_MODEL_HINT = (
-    f"Set {MODEL_ENV} to the folder of all-MiniLM-L6-v2's ONNX export (model.onnx, "
-    "tokenizer.json), or run the tests once with network access so that fastembed can "
-    "download it."
-)
 
 
 @pytest.fixture
@@ -130,26 +82,20 @@ async def real_memory(
         yield service
 
 
-def start_ready(argv: list[str]) -> subprocess.Popen[str]:
-    """Start ``python *argv`` (a worker script) and wait until it prints "ready"."""
-    proc = subprocess.Popen(
-        [sys.executable, *argv],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if line.strip() != "ready":
-        proc.kill()
-        raise AssertionError(f"worker did not start: {line!r} {proc.communicate()[1]}")
-    return proc
+@pytest.fixture
+def workers() -> Iterator[Workers]:
+    """Starts worker processes (``workers.start(script, *args)``); kills any left at the end."""
+    started = Workers()
+    yield started
+    started.kill_all()
 
 
-def release(*procs: subprocess.Popen[str]) -> None:
-    """Send the go line to workers started by ``start_ready``: they begin at once."""
-    for proc in procs:
-        assert proc.stdin is not None
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    """The environment a CLI gives the server: the user's, with this test's data and cache."""
+    return {
+        **{k: v for k, v in os.environ.items() if not k.startswith("MEMORY_MCP_")},
+        "MEMORY_MCP_DATA_DIR": str(tmp_path / "data"),
+        "MEMORY_MCP_EMBEDDER_MODEL_PATH": os.environ.get("MEMORY_MCP_EMBEDDER_MODEL_PATH", ""),
+        "XDG_CACHE_HOME": str(tmp_path / "cache"),
+    }

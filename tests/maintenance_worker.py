@@ -14,6 +14,7 @@ from pathlib import Path
 
 import anyio
 
+from helpers.processes import wait_for_go
 from memory_mcp.config import Settings
 from memory_mcp.embedders.base import FakeEmbedder
 from memory_mcp.llm import Command
@@ -26,8 +27,7 @@ async def main(db: str, seconds: str, llm: str) -> None:
         Settings(), database=Path(db), embedder=FakeEmbedder(), wait_for_embedder=10
     ) as memory:
         worker = Maintenance(memory, llm=Command(llm))
-        print("ready", flush=True)
-        sys.stdin.readline()
+        wait_for_go()
         attempts = []
         deadline = time.time() + float(seconds)
         while time.time() < deadline:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from conftest import MODEL_ENV, model_path
+from helpers.model import MODEL_ENV, model_path
 from memory_mcp import __version__
 from memory_mcp.cli import app
 

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from helpers.processes import Workers, release
 from memory_mcp.config import Settings
 from memory_mcp.embedders.base import FakeEmbedder
 from memory_mcp.service import MemoryService
@@ -19,37 +17,13 @@ WORKER = Path(__file__).with_name("concurrency_worker.py")
 TIMEOUT = 120
 
 
-def run_together(db: Path, cwd: Path, batches: list[list[str]]) -> list[list[dict[str, str]]]:
+def run_together(
+    workers: Workers, db: Path, cwd: Path, batches: list[list[str]]
+) -> list[list[dict[str, str]]]:
     """Start one process per batch, release them at once, return each one's results."""
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), str(db), str(cwd), *texts],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for texts in batches
-    ]
-    try:
-        for proc in procs:
-            assert proc.stdout is not None
-            line = proc.stdout.readline()
-            assert line.strip() == "ready", proc.stderr.read() if proc.stderr else line
-        for proc in procs:
-            assert proc.stdin is not None
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
-        outputs = []
-        for proc in procs:
-            out, err = proc.communicate(timeout=TIMEOUT)
-            assert proc.returncode == 0, err
-            outputs.append(json.loads(out.strip().splitlines()[-1]))
-        return outputs
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
+    procs = [workers.start(WORKER, db, cwd, *texts) for texts in batches]
+    release(*procs)
+    return [proc.result(timeout=TIMEOUT) for proc in procs]
 
 
 PARAPHRASES = [
@@ -71,13 +45,13 @@ PARAPHRASES = [
 
 
 async def test_two_processes_storing_paraphrases_at_once_end_with_one_canonical_record(
-    tmp_path: Path, project: Path
+    tmp_path: Path, project: Path, workers: Workers
 ) -> None:
     db = tmp_path / "shared.db"
     async with MemoryService.open(Settings(), database=db, embedder=FakeEmbedder()):
         pass  # create and migrate once, so both workers race on the writes only
     first, second = run_together(
-        db, project, [[a for a, _ in PARAPHRASES], [b for _, b in PARAPHRASES]]
+        workers, db, project, [[a for a, _ in PARAPHRASES], [b for _, b in PARAPHRASES]]
     )
     for one, two in zip(first, second, strict=True):
         # Whoever wrote second saw the first one's record and folded into it.
@@ -88,13 +62,15 @@ async def test_two_processes_storing_paraphrases_at_once_end_with_one_canonical_
         assert stats.records[("facts", "project", "archived")] == len(PARAPHRASES)
 
 
-async def test_concurrent_writers_lose_no_acknowledged_write(tmp_path: Path, project: Path) -> None:
+async def test_concurrent_writers_lose_no_acknowledged_write(
+    tmp_path: Path, project: Path, workers: Workers
+) -> None:
     db = tmp_path / "shared.db"
     batches = [
         [f"Worker {w} note {i}: service-{w}-{i} uses port {10000 + 100 * w + i}" for i in range(25)]
         for w in range(3)
     ]
-    outputs = run_together(db, project, batches)
+    outputs = run_together(workers, db, project, batches)
     ids = [r["id"] for out in outputs for r in out]
     assert len(ids) == 75
     async with MemoryService.open(Settings(), database=db, embedder=FakeEmbedder()) as memory:

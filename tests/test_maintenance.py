@@ -7,7 +7,6 @@ import itertools
 import json
 import os
 import stat
-import subprocess
 import sys
 import threading
 from collections import Counter
@@ -20,7 +19,7 @@ from typing import Any
 import anyio
 import pytest
 
-from conftest import release, start_ready
+from helpers.processes import Workers, release
 from memory_mcp import maintenance
 from memory_mcp.config import Settings, WriteSettings
 from memory_mcp.embedders.base import FakeEmbedder
@@ -573,14 +572,8 @@ WORKER = Path(__file__).with_name("maintenance_worker.py")
 WRITER = Path(__file__).with_name("concurrency_worker.py")
 
 
-def _finish(proc: subprocess.Popen[str]) -> Any:
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err
-    return json.loads(out.strip().splitlines()[-1])
-
-
 async def test_two_processes_never_run_the_sweep_at_once_and_writers_see_no_error(
-    tmp_path: Path, project: Path
+    tmp_path: Path, project: Path, workers: Workers
 ) -> None:
     database = tmp_path / "shared.db"
     async with MemoryService.open(
@@ -608,7 +601,7 @@ async def test_two_processes_never_run_the_sweep_at_once_and_writers_see_no_erro
         "print(sys.stdin.read().splitlines()[-1][2:])\n"
     )
     llm = f"{sys.executable} {slow}"
-    sweepers = [start_ready([str(WORKER), str(database), "4", llm]) for _ in range(2)]
+    sweepers = [workers.start(WORKER, database, 4, llm) for _ in range(2)]
     texts = [
         "The billing job runs nightly at 02:00 UTC",
         "Search indexes are rebuilt by make reindex",
@@ -621,10 +614,10 @@ async def test_two_processes_never_run_the_sweep_at_once_and_writers_see_no_erro
         "Payments use the Stripe test keys in staging",
         "Images are resized by a Lambda on upload",
     ]
-    writer = start_ready([str(WRITER), str(database), str(project), *texts])
+    writer = workers.start(WRITER, database, project, *texts)
     release(*sweepers, writer)
-    attempts = [_finish(p) for p in sweepers]
-    written = _finish(writer)
+    attempts = [p.result(timeout=120) for p in sweepers]
+    written = writer.result(timeout=120)
 
     assert [w["action"] for w in written] == ["inserted"] * len(texts)  # no error, all kept
     skipped = [a for runs in attempts for a in runs if a["report"]["skipped"]]

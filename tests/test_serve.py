@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 import select
 import signal
 import socket
 import sqlite3
 import subprocess
-import sys
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -20,55 +16,17 @@ import anyio
 import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client.sse import sse_client
-from mcp_types import Implementation
 
+from helpers.serving import COMMAND, http_server, round_trip, running
+from helpers.tools import call, client
 from memory_mcp.front import CACHE_FILE, cache_key, fast_serve_args
 
 pytestmark = pytest.mark.anyio
 
-COMMAND = str(Path(sys.executable).with_name("memory-mcp"))
-
-
-@pytest.fixture
-def env(tmp_path: Path) -> dict[str, str]:
-    """The environment a CLI gives the server: the user's, with this test's data and cache."""
-    return {
-        **{k: v for k, v in os.environ.items() if not k.startswith("MEMORY_MCP_")},
-        "MEMORY_MCP_DATA_DIR": str(tmp_path / "data"),
-        "MEMORY_MCP_EMBEDDER_MODEL_PATH": os.environ.get("MEMORY_MCP_EMBEDDER_MODEL_PATH", ""),
-        "XDG_CACHE_HOME": str(tmp_path / "cache"),
-    }
-
 
 def stdio(env: dict[str, str], cwd: Path, name: str, *args: str, **kwargs: Any) -> Client:
     params = StdioServerParameters(command=COMMAND, args=[*args, "serve"], env=env, cwd=str(cwd))
-    return Client(params, client_info=Implementation(name=name, version="1.0"), **kwargs)
-
-
-async def call(c: Client, tool: str, **arguments: Any) -> dict[str, Any]:
-    result = await c.call_tool(tool, arguments)
-    assert not result.is_error, result.content
-    assert result.structured_content is not None
-    return result.structured_content
-
-
-async def round_trip(writer: Client, reader: Client, cwd: Path | None = None) -> None:
-    """Store from one client, find it from another through every search tool."""
-    where = {"cwd": str(cwd)} if cwd else {}
-    async with writer as w:
-        stored = await call(
-            w, "memory_store", content="Releases are tagged vX.Y.Z by the release job", **where
-        )
-    assert stored["action"] == "inserted"
-    async with reader as r:
-        search = await call(r, "memory_search", query="how are releases tagged", **where)
-        project = await call(r, "project_search", query="release tags", **where)
-        unified = await call(r, "searchUnifiedMemory", query="release tagging", **where)
-    for found in (search["results"], project["results"]):
-        assert found[0]["id"] == stored["id"]
-        assert found[0]["agent"] == "claude"
-    assert unified["results"][0]["id"] == stored["id"]
-    assert unified["results"][0]["metadata"]["agent"] == "claude"
+    return client(params, name, **kwargs)
 
 
 async def test_stdio_round_trip_between_claude_code_and_codex(
@@ -120,22 +78,11 @@ def test_fast_front_takes_only_plain_stdio_serve() -> None:
 # Raw JSON-RPC over a pipe, to watch shutdown ---------------------------------------------
 
 
-@contextmanager
-def raw_server(env: dict[str, str], cwd: Path, *args: str) -> Iterator[subprocess.Popen[bytes]]:
-    process = subprocess.Popen(
-        [COMMAND, *args, "serve"],
-        cwd=cwd,
-        env=env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        yield process
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+def raw_server(
+    env: dict[str, str], cwd: Path, *args: str
+) -> AbstractContextManager[subprocess.Popen[bytes]]:
+    """``serve`` over stdio, spoken to line by line (``send``, ``receive``)."""
+    return running(env, cwd, *args, "serve")
 
 
 def send(process: subprocess.Popen[bytes], message: dict[str, Any]) -> None:
@@ -227,52 +174,11 @@ def test_stdout_carries_only_protocol(env: dict[str, str], project: Path) -> Non
 # HTTP ---------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-@contextmanager
-def http_server(
-    env: dict[str, str], cwd: Path, transport: str, *args: str
-) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    port = free_port()
-    process = subprocess.Popen(
-        [COMMAND, "serve", "--transport", transport, "--port", str(port), *args],
-        cwd=cwd,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        assert process.stderr is not None
-        deadline = time.monotonic() + 60
-        line = b""
-        while time.monotonic() < deadline and b"serving MCP" not in line:
-            ready, _, _ = select.select([process.stderr], [], [], 1)
-            if ready:
-                line = process.stderr.readline()
-                assert line or process.poll() is None, "the server exited"
-        assert b"serving MCP" in line, "the server did not start"
-        path = "/sse" if transport == "sse" else "/mcp"
-        yield f"http://127.0.0.1:{port}{path}", process
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
 async def test_streamable_http_round_trip(env: dict[str, str], project: Path) -> None:
     with http_server(env, project, "streamable-http") as (url, _):
         await round_trip(
-            Client(url, client_info=Implementation(name="claude-code", version="1")),
-            Client(url, client_info=Implementation(name="codex", version="1")),
+            client(url, "claude-code"),
+            client(url, "codex"),
             cwd=project,
         )
 
@@ -280,8 +186,8 @@ async def test_streamable_http_round_trip(env: dict[str, str], project: Path) ->
 async def test_sse_round_trip(env: dict[str, str], project: Path) -> None:
     with http_server(env, project, "sse") as (url, _):
         await round_trip(
-            Client(sse_client(url), client_info=Implementation(name="claude-code", version="1")),
-            Client(sse_client(url), client_info=Implementation(name="codex", version="1")),
+            client(sse_client(url), "claude-code"),
+            client(sse_client(url), "codex"),
             cwd=project,
         )
 

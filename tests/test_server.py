@@ -8,16 +8,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mcp import Client
-from mcp_types import CallToolResult, Implementation, ListRootsResult, Root
+from mcp_types import CallToolResult, ListRootsResult, Root
 
+from helpers.tools import call, in_process
 from memory_mcp.config import Settings
 from memory_mcp.embedders.base import FakeEmbedder
 from memory_mcp.errors import InvalidInput, StorageError
 from memory_mcp.ingest import ingest
 from memory_mcp.records import Record
 from memory_mcp.scope import project_root
-from memory_mcp.server import agent_name, build_server, compact_schema, root_path
+from memory_mcp.server import agent_name, compact_schema, root_path
 from memory_mcp.service import UNIFIED_CONTENT_CAP, MemoryService
 from memory_mcp.storage.base import Filters
 from memory_mcp.write import new_id
@@ -34,19 +34,6 @@ TOOLS = {
 }
 
 
-def client(memory: MemoryService, name: str = "claude-code", **kwargs: Any) -> Client:
-    return Client(
-        build_server(memory), client_info=Implementation(name=name, version="1.0"), **kwargs
-    )
-
-
-async def call(c: Client, tool: str, **arguments: Any) -> dict[str, Any]:
-    result = await c.call_tool(tool, arguments)
-    assert not result.is_error, result.content
-    assert result.structured_content is not None
-    return result.structured_content
-
-
 async def count_records(memory: MemoryService) -> int:
     stats = await memory.db.stats()
     return sum(stats.records.values())
@@ -56,7 +43,7 @@ async def count_records(memory: MemoryService) -> int:
 
 
 async def test_tools_list_is_small_described_and_complete(memory: MemoryService) -> None:
-    async with client(memory) as c:
+    async with in_process(memory) as c:
         tools = (await c.list_tools()).tools
     assert {t.name for t in tools} == TOOLS
     wire = json.dumps(
@@ -115,12 +102,12 @@ def test_agent_name_from_client_info(client_name: str | None, agent: str) -> Non
 async def test_store_records_the_calling_agent_and_search_shows_it(
     memory: MemoryService, project: Path
 ) -> None:
-    async with client(memory, "claude-code") as c:
+    async with in_process(memory, "claude-code") as c:
         stored = await call(
             c, "memory_store", content="We deploy with Fly.io", cwd=str(project), kind="decision"
         )
     assert stored["action"] == "inserted"
-    async with client(memory, "codex-mcp-client") as c:
+    async with in_process(memory, "codex-mcp-client") as c:
         found = await call(c, "memory_search", query="deploy Fly.io", cwd=str(project))
     assert [r["id"] for r in found["results"]] == [stored["id"]]
     assert found["results"][0]["agent"] == "claude"
@@ -134,7 +121,7 @@ async def test_cwd_comes_from_the_clients_roots_when_not_given(
         return ListRootsResult(roots=[Root(uri=(project / "src").as_uri())])  # type: ignore[arg-type]
 
     for mode in ("legacy", "auto"):
-        async with client(memory, list_roots_callback=roots, mode=mode) as c:
+        async with in_process(memory, list_roots_callback=roots, mode=mode) as c:
             stored = await call(c, "memory_store", content=f"Roots decide the project ({mode})")
         record = await memory.get(stored["id"])
         assert record.scope_key == str(project_root(project)), mode
@@ -147,7 +134,7 @@ async def test_a_cwd_inside_the_roots_wins_and_one_outside_them_is_refused(
         return ListRootsResult(roots=[Root(uri=project.as_uri())])  # type: ignore[arg-type]
 
     (project / "src" / "link").symlink_to(other_project)
-    async with client(memory, list_roots_callback=roots) as c:
+    async with in_process(memory, list_roots_callback=roots) as c:
         stored = await call(c, "memory_store", content="Explicit cwd", cwd=str(project / "src"))
         assert (await memory.get(stored["id"])).scope_key == str(project_root(project))
         for outside in (
@@ -169,7 +156,7 @@ async def test_without_cwd_or_roots_the_process_cwd_is_the_project(
     memory: MemoryService, project: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(project / "src" / "pkg")
-    async with client(memory) as c:
+    async with in_process(memory) as c:
         stored = await call(c, "memory_store", content="The process cwd decides")
     assert (await memory.get(stored["id"])).scope_key == str(project_root(project))
 
@@ -180,7 +167,7 @@ async def test_a_root_that_is_not_a_local_directory_is_a_clear_error(
     async def roots(_context: Any) -> ListRootsResult:
         return ListRootsResult(roots=[Root(uri=(tmp_path / "gone").as_uri())])  # type: ignore[arg-type]
 
-    async with client(memory, list_roots_callback=roots) as c:
+    async with in_process(memory, list_roots_callback=roots) as c:
         result = await c.call_tool("memory_store", {"content": "x"})
     assert result.is_error
     assert "pass cwd" in _text(result)
@@ -198,7 +185,7 @@ def test_root_path_reads_file_uris_only() -> None:
 async def test_one_server_serves_many_projects(
     memory: MemoryService, project: Path, other_project: Path
 ) -> None:
-    async with client(memory) as c:
+    async with in_process(memory) as c:
         await call(c, "memory_store", content="Alpha uses Postgres", cwd=str(project))
         await call(c, "memory_store", content="Beta uses Redis", cwd=str(other_project))
         alpha = await call(c, "memory_search", query="uses", cwd=str(project))
@@ -211,7 +198,7 @@ async def test_one_server_serves_many_projects(
 
 
 async def test_store_reports_folds_and_redactions(memory: MemoryService, project: Path) -> None:
-    async with client(memory) as c:
+    async with in_process(memory) as c:
         first = await call(c, "memory_store", content="Run tests with make test", cwd=str(project))
         again = await call(c, "memory_store", content="Run tests with make test.", cwd=str(project))
         secret = await call(
@@ -230,7 +217,7 @@ async def test_store_reports_folds_and_redactions(memory: MemoryService, project
 async def test_global_scope_only_when_asked(
     memory: MemoryService, project: Path, other_project: Path
 ) -> None:
-    async with client(memory) as c:
+    async with in_process(memory) as c:
         local = await call(c, "memory_store", content="Tabs here", cwd=str(project))
         everywhere = await call(
             c, "memory_store", content="Answer tersely", scope="global", cwd=str(project)
@@ -246,7 +233,7 @@ async def test_project_search_fans_out_over_every_corpus_and_labels_hits(
 ) -> None:
     (project / "README.md").write_text("# Release\n\nReleases are cut from the main branch.\n")
     await ingest(memory, project)
-    async with client(memory) as c:
+    async with in_process(memory) as c:
         await call(c, "memory_store", content="Releases need a changelog entry", cwd=str(project))
         await call(
             c, "memory_store", content="Cut release 1.2 today", kind="journal", cwd=str(project)
@@ -264,7 +251,7 @@ async def test_project_search_fans_out_over_every_corpus_and_labels_hits(
 async def test_forget_archives_in_reach_only(
     memory: MemoryService, project: Path, other_project: Path
 ) -> None:
-    async with client(memory) as c:
+    async with in_process(memory) as c:
         stored = await call(c, "memory_store", content="We use yarn", cwd=str(project))
         elsewhere = await c.call_tool(
             "memory_forget", {"id": stored["id"], "reason": "npm now", "cwd": str(other_project)}
@@ -282,7 +269,7 @@ async def test_forget_archives_in_reach_only(
 async def test_hits_say_what_they_supersede_and_which_conflict_they_are_in(
     memory: MemoryService, project: Path
 ) -> None:
-    async with client(memory) as c:
+    async with in_process(memory) as c:
         old = await call(
             c, "memory_store", content="The API listens on port 8080", cwd=str(project)
         )
@@ -319,7 +306,7 @@ async def test_hits_say_what_they_supersede_and_which_conflict_they_are_in(
 
 
 async def test_forget_needs_no_reason(memory: MemoryService, project: Path) -> None:
-    async with client(memory) as c:
+    async with in_process(memory) as c:
         stored = await call(c, "memory_store", content="We use yarn", cwd=str(project))
         forgotten = await call(c, "memory_forget", id=stored["id"], cwd=str(project))
     assert forgotten["reason"] == "forgotten"
@@ -361,7 +348,7 @@ async def put(
 
 
 async def unified(memory: MemoryService, project: Path, **arguments: Any) -> dict[str, Any]:
-    async with client(memory) as c:
+    async with in_process(memory) as c:
         return await call(c, "searchUnifiedMemory", cwd=str(project), **arguments)
 
 
@@ -412,7 +399,7 @@ async def test_unified_limit_bounds(memory: MemoryService, project: Path) -> Non
     assert len((await unified(memory, project, query="logs", threshold=0))["results"]) == 8
     twenty = await unified(memory, project, query="logs", threshold=0, limit=20)
     assert len(twenty["results"]) == 20
-    async with client(memory) as c:
+    async with in_process(memory) as c:
         for bad in (0, 21):
             result = await c.call_tool("searchUnifiedMemory", {"query": "logs", "limit": bad})
             assert result.is_error and "1 to 20" in _text(result)
@@ -560,7 +547,7 @@ async def test_bad_input_is_a_tool_error_that_says_what_to_change_and_writes_not
     arguments: dict[str, Any],
     message: str,
 ) -> None:
-    async with client(memory) as c:
+    async with in_process(memory) as c:
         seeded = await call(c, "memory_store", content="Seed memory", cwd=str(project))
         before = await count_records(memory)
         arguments = {"cwd": str(project), **arguments}
@@ -601,7 +588,7 @@ async def test_the_first_store_and_search_wait_for_the_model_that_is_loading(
     slow = SlowToLoad()
     async with (
         MemoryService.open(Settings(), database=tmp_path / "slow.db", embedder=slow) as memory,
-        client(memory) as c,
+        in_process(memory) as c,
     ):
         waited = memory.embeddings.wait_settled
 
@@ -625,7 +612,7 @@ async def test_tools_answer_lexically_once_the_wait_for_the_model_runs_out(
     settings.embedder.load_wait_seconds = 0.05
     async with (
         MemoryService.open(settings, database=tmp_path / "slow.db", embedder=slow) as memory,
-        client(memory) as c,
+        in_process(memory) as c,
     ):
         tools = await c.list_tools()
         assert {t.name for t in tools.tools} == TOOLS
@@ -662,6 +649,6 @@ async def test_roots_that_are_not_here_confine_nothing(
             ]
         )
 
-    async with client(memory, list_roots_callback=roots) as c:
+    async with in_process(memory, list_roots_callback=roots) as c:
         stored = await call(c, "memory_store", content="Explicit cwd", cwd=str(project))
     assert (await memory.get(stored["id"])).scope_key == str(project_root(project))

@@ -45,7 +45,7 @@ from agent_harness import (
 )
 from fake_models import Answer, ToolCall
 
-from conftest import model_path
+from helpers.model import model_path
 
 pytestmark = pytest.mark.e2e
 

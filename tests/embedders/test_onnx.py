@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import MODEL_NAME, model_path
+from helpers.model import MODEL_NAME, model_path
 from memory_mcp.embedders.fastembed import FOLDERS_FILE, FastEmbedEmbedder
 from memory_mcp.errors import EmbedderError, ModelNotLocal
 

@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-from procs import go, start
 
+from helpers.processes import Workers, release
 from memory_mcp.config import Settings
 from memory_mcp.embedders.base import FakeEmbedder
 from memory_mcp.service import MemoryService
@@ -21,6 +21,7 @@ from memory_mcp.storage.sqlite import SqliteStore
 pytestmark = pytest.mark.anyio
 
 ROUNDS = 8
+WORKER = Path(__file__).with_name("worker.py")
 
 
 def integrity(database: Path) -> list[str]:
@@ -31,21 +32,20 @@ def integrity(database: Path) -> list[str]:
         conn.close()
 
 
-def crash_round(database: Path, project: Path, rng: random.Random) -> list[str]:
+def crash_round(workers: Workers, database: Path, project: Path, rng: random.Random) -> list[str]:
     """Let a writer acknowledge a few writes, then kill -9 it mid-write; its acks."""
-    proc = start("crash", database, project)
-    go(proc)
-    assert proc.stdout is not None
-    acked = [proc.stdout.readline().strip() for _ in range(rng.randint(3, 30))]
+    proc = workers.start(WORKER, "crash", database, project)
+    release(proc)
+    acked = [proc.line().strip() for _ in range(rng.randint(3, 30))]
     time.sleep(rng.random() * 0.02)  # land somewhere inside the next write
-    os.kill(proc.pid, signal.SIGKILL)
-    rest, _ = proc.communicate(timeout=30)
+    os.kill(proc.process.pid, signal.SIGKILL)
+    rest, _ = proc.finish(timeout=30)
     assert proc.returncode == -signal.SIGKILL
     return acked + [line for line in rest.split() if line.startswith("f_")]
 
 
 async def test_kill_9_during_writes_loses_no_acknowledged_write(
-    tmp_path: Path, project: Path
+    tmp_path: Path, project: Path, workers: Workers
 ) -> None:
     database = tmp_path / "memory.db"
     async with MemoryService.open(Settings(), database=database, embedder=FakeEmbedder()):
@@ -53,7 +53,7 @@ async def test_kill_9_during_writes_loses_no_acknowledged_write(
     rng = random.Random(7)
     acked: list[str] = []
     for _ in range(ROUNDS):
-        acked.extend(crash_round(database, project, rng))
+        acked.extend(crash_round(workers, database, project, rng))
     assert integrity(database) == ["ok"]
     store = await SqliteStore.open(database)
     try:
@@ -66,15 +66,17 @@ async def test_kill_9_during_writes_loses_no_acknowledged_write(
         await store.close()
 
 
-async def test_a_migration_killed_half_way_leaves_the_schema_it_had(tmp_path: Path) -> None:
+async def test_a_migration_killed_half_way_leaves_the_schema_it_had(
+    tmp_path: Path, workers: Workers
+) -> None:
     database = tmp_path / "memory.db"
     async with MemoryService.open(Settings(), database=database, embedder=FakeEmbedder()) as m:
         await m.store("Kept across the crash", cwd=tmp_path)
-    proc = start("migrate", database)
-    go(proc)
-    assert proc.stdout is not None and proc.stdout.readline().strip() == "inside"
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.communicate(timeout=30)
+    proc = workers.start(WORKER, "migrate", database)
+    release(proc)
+    assert proc.line().strip() == "inside"
+    os.kill(proc.process.pid, signal.SIGKILL)
+    proc.finish(timeout=30)
     assert integrity(database) == ["ok"]
     conn = sqlite3.connect(database)
     try:

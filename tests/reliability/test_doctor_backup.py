@@ -8,7 +8,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from conftest import release, start_ready
+from helpers.processes import Workers, release
 from memory_mcp.config import Settings
 from memory_mcp.embedders.base import FakeEmbedder
 from memory_mcp.errors import InvalidInput
@@ -86,7 +86,7 @@ async def test_missing_and_orphan_vectors_are_repaired_and_re_embedded(
 
 
 async def test_a_backup_taken_while_another_process_writes_is_consistent(
-    tmp_path: Path, project: Path
+    tmp_path: Path, project: Path, workers: Workers
 ) -> None:
     database = tmp_path / "m.db"
     async with MemoryService.open(
@@ -95,10 +95,10 @@ async def test_a_backup_taken_while_another_process_writes_is_consistent(
         for i in range(20):
             await memory.store(f"Fact {i}: service {i} listens on port {8000 + i}", cwd=project)
         notes = [f"Note {i}: module m{i} is owned by team t{i}" for i in range(40)]
-        writer = start_ready([str(WRITER), str(database), str(project), *notes])
+        writer = workers.start(WRITER, database, project, *notes)
         release(writer)
         copy = await backup(memory.db, tmp_path)
-        _, err = writer.communicate(timeout=120)
+        _, err = writer.finish(timeout=120)
         assert writer.returncode == 0, err
         assert stat.S_IMODE(copy.stat().st_mode) == 0o600
         with pytest.raises(InvalidInput, match="exists"):

@@ -16,11 +16,10 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from mcp import Client
-from mcp_types import Implementation
 
+from helpers.tools import in_process
 from memory_mcp.config import Settings
 from memory_mcp.embedders.base import FakeEmbedder
-from memory_mcp.server import build_server
 from memory_mcp.service import MemoryService
 from memory_mcp.storage.doctor import diagnose
 
@@ -116,12 +115,13 @@ def calls(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
 
 @asynccontextmanager
 async def serving(database: Path) -> AsyncIterator[tuple[MemoryService, Client]]:
-    async with MemoryService.open(
-        Settings(), database=database, embedder=FakeEmbedder(), wait_for_embedder=10
-    ) as memory:
-        info = Implementation(name="fuzzer", version="1.0")
-        async with Client(build_server(memory), client_info=info) as client:
-            yield memory, client
+    async with (
+        MemoryService.open(
+            Settings(), database=database, embedder=FakeEmbedder(), wait_for_embedder=10
+        ) as memory,
+        in_process(memory, "fuzzer") as client,
+    ):
+        yield memory, client
 
 
 def records(database: Path) -> list[tuple[Any, ...]]:

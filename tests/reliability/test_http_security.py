@@ -7,17 +7,15 @@ from pathlib import Path
 
 import httpx
 import pytest
-from mcp import Client
 from mcp.client.sse import sse_client
-from mcp_types import Implementation
 
+from helpers.serving import COMMAND, http_server, round_trip
+from helpers.tools import client
 from memory_mcp.config import ServeSettings
 from memory_mcp.errors import ConfigError
 from memory_mcp.serve import check_exposure, is_loopback
-from test_serve import COMMAND, env, http_server, round_trip
 
 pytestmark = pytest.mark.anyio
-__all__ = ["env"]  # the fixture, shared with test_serve
 
 
 async def test_http_with_a_token_needs_it(env: dict[str, str], project: Path) -> None:
@@ -30,14 +28,8 @@ async def test_http_with_a_token_needs_it(env: dict[str, str], project: Path) ->
             assert response.status_code == 401, headers
             assert response.headers["www-authenticate"].startswith("Bearer")
         await round_trip(
-            Client(
-                sse_client(url, headers={"Authorization": f"Bearer {token}"}),
-                client_info=Implementation(name="claude-code", version="1"),
-            ),
-            Client(
-                sse_client(url, headers={"Authorization": f"Bearer {token}"}),
-                client_info=Implementation(name="codex", version="1"),
-            ),
+            client(sse_client(url, headers={"Authorization": f"Bearer {token}"}), "claude-code"),
+            client(sse_client(url, headers={"Authorization": f"Bearer {token}"}), "codex"),
             cwd=project,
         )
 

@@ -7,9 +7,9 @@ import statistics
 from pathlib import Path
 
 import pytest
-from procs import go, start
 from worker import SHARED
 
+from helpers.processes import Workers, release
 from memory_mcp.config import Settings
 from memory_mcp.embedders.base import FakeEmbedder
 from memory_mcp.service import MemoryService
@@ -19,6 +19,7 @@ pytestmark = pytest.mark.anyio
 
 PROCESSES = 8
 SECONDS = 8
+WORKER = Path(__file__).with_name("worker.py")
 
 
 def p95(values: list[float]) -> float:
@@ -26,16 +27,19 @@ def p95(values: list[float]) -> float:
 
 
 async def test_eight_processes_lose_nothing_and_fold_shared_facts_once(
-    tmp_path: Path, project: Path
+    tmp_path: Path, project: Path, workers: Workers
 ) -> None:
     database = tmp_path / "memory.db"
     async with MemoryService.open(Settings(), database=database, embedder=FakeEmbedder()):
         pass
-    procs = [start("soak", database, project, SECONDS, f"agent{i}") for i in range(PROCESSES)]
-    go(*procs)
+    procs = [
+        workers.start(WORKER, "soak", database, project, SECONDS, f"agent{i}")
+        for i in range(PROCESSES)
+    ]
+    release(*procs)
     results = []
     for proc in procs:
-        out, err = proc.communicate(timeout=SECONDS + 120)
+        out, err = proc.finish(timeout=SECONDS + 120)
         assert proc.returncode == 0, err
         assert "not counted" not in err, err  # a search's access count lost to the lock
         results.append(json.loads(out.strip().splitlines()[-1]))

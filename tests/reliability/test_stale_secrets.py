@@ -20,15 +20,14 @@ from pathlib import Path
 
 import anyio
 import pytest
-from mcp import Client
 from typer.testing import CliRunner
 
+from helpers.tools import in_process
 from memory_mcp.brief import build_brief
 from memory_mcp.cli import app
 from memory_mcp.config import Settings, load_settings
 from memory_mcp.embedders.base import FakeEmbedder
 from memory_mcp.exchange import export_jsonl, import_jsonl
-from memory_mcp.server import build_server
 from memory_mcp.service import MemoryService
 
 pytestmark = pytest.mark.anyio
@@ -104,7 +103,7 @@ async def test_a_write_about_an_old_record_shows_it_redacted(
 
 
 async def test_the_mcp_tools_show_them_redacted(memory: MemoryService, project: Path) -> None:
-    async with Client(build_server(memory)) as c:
+    async with in_process(memory) as c:
         answers = [
             await c.call_tool("memory_search", {"query": "AWS creds", "cwd": str(project)}),
             await c.call_tool("project_search", {"query": "REDIS_URL", "cwd": str(project)}),

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import anyio
 
+from helpers.processes import wait_for_go
 from memory_mcp.config import Settings
 from memory_mcp.embedders.base import FakeEmbedder
 from memory_mcp.service import MemoryService
@@ -45,16 +46,11 @@ SHARED = [  # rewordings (folded by comparison), and repeats (folded by their no
 ]  # fmt: skip
 
 
-def ready() -> None:
-    print("ready", flush=True)
-    sys.stdin.readline()
-
-
 async def crash(db: str, cwd: str) -> None:
     async with MemoryService.open(
         Settings(), database=Path(db), embedder=FakeEmbedder(), wait_for_embedder=10
     ) as memory:
-        ready()
+        wait_for_go()
         n = int(time.time() * 1000) % 1_000_000
         while True:
             n += 1
@@ -73,7 +69,7 @@ async def soak(db: str, cwd: str, seconds: str, name: str) -> None:
     async with MemoryService.open(
         Settings(), database=Path(db), embedder=FakeEmbedder(), wait_for_embedder=10
     ) as memory:
-        ready()
+        wait_for_go()
         deadline = time.monotonic() + float(seconds)
         n = 0
         while time.monotonic() < deadline:
@@ -114,7 +110,7 @@ def slow_migration(conn: sqlite3.Connection) -> None:
 def migrate_slowly(db: str) -> None:
     driver = choose_driver("auto")
     conn = driver.connect(db, busy_timeout_ms=15000)
-    ready()
+    wait_for_go()
     migrate(
         conn,
         db_path=Path(db),

@@ -1,0 +1,90 @@
+"""`memory-mcp serve` as a real process: the command, an HTTP server, a round trip."""
+
+from __future__ import annotations
+
+import select
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from mcp import Client
+
+from helpers.tools import call
+
+COMMAND = str(Path(sys.executable).with_name("memory-mcp"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@contextmanager
+def running(
+    env: dict[str, str], cwd: Path, *argv: str, stdin: int = subprocess.PIPE
+) -> Iterator[subprocess.Popen[bytes]]:
+    """``memory-mcp *argv`` as a process; stopped (SIGTERM, then SIGKILL) if still running."""
+    process = subprocess.Popen(
+        [COMMAND, *argv],
+        cwd=cwd,
+        env=env,
+        stdin=stdin,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=30)
+
+
+@contextmanager
+def http_server(
+    env: dict[str, str], cwd: Path, transport: str, *args: str
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """``serve --transport TRANSPORT`` on a free port, until it says it serves; its URL."""
+    port = free_port()
+    argv = ["serve", "--transport", transport, "--port", str(port), *args]
+    with running(env, cwd, *argv, stdin=subprocess.DEVNULL) as process:
+        assert process.stderr is not None
+        deadline = time.monotonic() + 60
+        line = b""
+        while time.monotonic() < deadline and b"serving MCP" not in line:
+            ready, _, _ = select.select([process.stderr], [], [], 1)
+            if ready:
+                line = process.stderr.readline()
+                assert line or process.poll() is None, "the server exited"
+        assert b"serving MCP" in line, "the server did not start"
+        path = "/sse" if transport == "sse" else "/mcp"
+        yield f"http://127.0.0.1:{port}{path}", process
+
+
+async def round_trip(writer: Client, reader: Client, cwd: Path | None = None) -> None:
+    """Store from one client, find it from another through every search tool."""
+    where = {"cwd": str(cwd)} if cwd else {}
+    async with writer as w:
+        stored = await call(
+            w, "memory_store", content="Releases are tagged vX.Y.Z by the release job", **where
+        )
+    assert stored["action"] == "inserted"
+    async with reader as r:
+        search = await call(r, "memory_search", query="how are releases tagged", **where)
+        project = await call(r, "project_search", query="release tags", **where)
+        unified = await call(r, "searchUnifiedMemory", query="release tagging", **where)
+    for found in (search["results"], project["results"]):
+        assert found[0]["id"] == stored["id"]
+        assert found[0]["agent"] == "claude"
+    assert unified["results"][0]["id"] == stored["id"]
+    assert unified["results"][0]["metadata"]["agent"] == "claude"
