@@ -8,7 +8,6 @@ import random
 import signal
 import subprocess
 import sys
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,8 @@ from typing import Any
 import anyio
 import pytest
 
+from helpers.files import backdate
+from helpers.waiting import wait_until
 from memory_mcp.brief import build_brief
 from memory_mcp.errors import InvalidInput
 from memory_mcp.inject import BRIEF_DIR, BRIEF_FILE, inject, prompt_file, uninject
@@ -98,6 +99,7 @@ async def test_inject_all_is_idempotent_and_uninject_restores_every_byte(
 
     changes = inject(project, text)
     assert [c.outcome for c in changes] == ["updated", "updated", "created"]
+    backdate(*(c.path for c in changes))
     first = snapshot(project)
     for name in ("CLAUDE.md", "AGENTS.md"):
         data = (project / name).read_bytes()
@@ -107,7 +109,6 @@ async def test_inject_all_is_idempotent_and_uninject_restores_every_byte(
     assert (project / "AGENTS.md").read_bytes().count(b"\r\n") > 10, "CRLF kept in the block"
     assert b"\n\n" not in (project / "AGENTS.md").read_bytes().replace(b"\r\n", b"")
 
-    await anyio.sleep(0.01)
     again = inject(project, await brief_text(memory, project))
     assert {c.outcome for c in again} == {"unchanged"}
     assert snapshot(project) == first, "no byte and no mtime changed"
@@ -226,6 +227,7 @@ def test_import_mode_keeps_the_brief_out_of_committed_files(project: Path) -> No
     brief = project / BRIEF_DIR / BRIEF_FILE
     assert brief.read_text() == "## Brief\nfacts v1\n"
     assert (project / BRIEF_DIR / ".gitignore").read_text().splitlines()[-1] == "*"
+    backdate(project / "CLAUDE.md")
     stamp = (project / "CLAUDE.md").stat().st_mtime_ns
     inject(project, "## Brief\nfacts v2\n", imports=True)
     assert (project / "CLAUDE.md").stat().st_mtime_ns == stamp, "the import line is stable"
@@ -301,9 +303,7 @@ def test_run_passes_signals_to_the_cli(project: Path, tmp_path: Path) -> None:
         stderr=subprocess.DEVNULL,
     )
     ready = Path(str(tmp_path / "record.txt") + ".ready")
-    deadline = time.monotonic() + 60
-    while not ready.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(ready.exists, within=60, what="the stand-in CLI to start")
     assert ready.exists()
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=30) == 42
@@ -343,6 +343,7 @@ def test_the_inject_command_on_a_seeded_repository(project: Path) -> None:
 
     first = runner.invoke(app, ["inject", "--agent", "all", *args])
     assert first.exit_code == 0, first.output
+    backdate(*(project / name for name in originals))
     injected = snapshot(project)
     for name, data in originals.items():
         text = injected[name][0]
@@ -350,7 +351,6 @@ def test_the_inject_command_on_a_seeded_repository(project: Path) -> None:
         assert b"memory-mcp:begin" in text and b"Ship the plugin API by March" in text
         assert b"Project facts:" in text and b"Recent journal:" in text
 
-    time.sleep(0.01)
     second = runner.invoke(app, ["inject", "--agent", "all", *args])
     assert second.exit_code == 0 and second.output.count("unchanged") == 3
     assert snapshot(project) == injected

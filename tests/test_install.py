@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.files import backdate
 from memory_mcp.errors import InvalidInput
 from memory_mcp.install import hook_path, inspect, install, server_env, server_path, todo, uninstall
 
@@ -95,6 +96,7 @@ def test_install_then_uninstall_leaves_everything_else_intact(
     commands = [h["command"] for g in hooks["SessionStart"] for h in g["hooks"]]
     assert f"memory-mcp brief --hook --agent {agent}" in commands
 
+    backdate(*files)
     stamps = {path: path.stat().st_mtime_ns for path in files}
     again = install(agent, "user", project, hook=True, home=home, program="memory-mcp", env={})  # type: ignore[arg-type]
     assert {c.outcome for c in again} == {"unchanged"}

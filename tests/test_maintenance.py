@@ -20,6 +20,7 @@ import anyio
 import pytest
 
 from helpers.processes import Workers, release
+from helpers.waiting import eventually
 from memory_mcp import maintenance
 from memory_mcp.config import Settings, WriteSettings
 from memory_mcp.embedders.base import FakeEmbedder
@@ -557,9 +558,11 @@ async def test_rows_converge_to_a_new_embedder_without_a_command(
         assert any("3 records still await vectors" in w for w in waiting.warnings)
         async with anyio.create_task_group() as group:
             group.start_soon(maintenance.loop, memory)  # its first check runs at once
-            with anyio.fail_after(10):
-                while await memory.db.count_needing_embedding("fake:new"):  # noqa: ASYNC110
-                    await anyio.sleep(0.05)  # polls the database another task writes
+
+            async def all_embedded() -> bool:  # the loop, another task, writes the vectors
+                return not await memory.db.count_needing_embedding("fake:new")
+
+            await eventually(all_embedded, within=10, what="the loop to embed the 3 records")
             group.cancel_scope.cancel()
         for record in stored:
             assert (await memory.get(record.id)).embedder == "fake:new"

@@ -12,13 +12,14 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client.sse import sse_client
 
+from helpers.files import backdate
 from helpers.serving import COMMAND, http_server, round_trip, running
 from helpers.tools import call, client
+from helpers.waiting import eventually
 from memory_mcp.front import CACHE_FILE, cache_key, fast_serve_args
 
 pytestmark = pytest.mark.anyio
@@ -57,6 +58,7 @@ async def test_the_handshake_cache_gives_the_servers_own_answers(
     cache = tmp_path / "cache" / "memory-mcp" / CACHE_FILE
     learned = await handshake()  # no cache: every answer comes from the server
     assert cache.is_file()
+    backdate(cache)
     stamp = cache.stat().st_mtime_ns
     cached = await handshake()  # answered by the front from the cache
     assert cached == learned
@@ -325,11 +327,16 @@ async def test_the_server_runs_maintenance_by_itself(env: dict[str, str], projec
         await call(c, "memory_store", content="Releases are tagged vX.Y.Z", cwd=str(project))
         store = await SqliteStore.open(Path(env["MEMORY_MCP_DATA_DIR"]) / "memory.db")
         try:
-            with anyio.fail_after(60):
-                tasks = await store.tasks()
-                while not all(t in tasks and tasks[t].last_finished_at for t in TASKS):
-                    await anyio.sleep(0.1)
-                    tasks = await store.tasks()  # written by the server process
+
+            async def all_finished() -> dict[str, Any] | None:
+                tasks = await store.tasks()  # written by the server process
+                return (
+                    tasks if all(t in tasks and tasks[t].last_finished_at for t in TASKS) else None
+                )
+
+            tasks = await eventually(
+                all_finished, within=60, what="the server to finish every maintenance task"
+            )
         finally:
             await store.close()
     assert tasks["reembed"].last_summary["skipped"].startswith("no dense embedder")

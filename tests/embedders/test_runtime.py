@@ -9,6 +9,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from helpers.waiting import eventually
 from memory_mcp.config import EmbedderSettings, Settings
 from memory_mcp.embedders.base import FakeEmbedder, Matrix
 from memory_mcp.embedders.runtime import Embeddings
@@ -106,12 +107,11 @@ async def test_an_unreachable_embedder_resumes_when_it_returns(
         memory.embeddings._retry_at = 0  # the backoff has passed
         await memory.embeddings.embed(["wake up"])  # triggers the retry
         assert await memory.embeddings.wait_settled(10)
-        for _ in range(100):
-            if memory.embeddings.ready:
-                break
-            import anyio
 
-            await anyio.sleep(0.01)
+        async def ready() -> bool:  # the retry loads it on a thread
+            return memory.embeddings.ready
+
+        await eventually(ready, within=10, what="the embedder to be ready after the retry")
         assert memory.embeddings.ready
         summary = await memory.reembed()
         assert summary.embedded == 1 and summary.remaining == 0
