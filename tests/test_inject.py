@@ -16,6 +16,7 @@ import anyio
 import pytest
 
 from helpers.files import backdate
+from helpers.processes import COMMAND
 from helpers.waiting import wait_until
 from memory_mcp.brief import build_brief
 from memory_mcp.errors import InvalidInput
@@ -25,7 +26,6 @@ from memory_mcp.service import MemoryService, StoreRequest
 pytestmark = pytest.mark.anyio
 
 NOW = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
-COMMAND = str(Path(sys.executable).with_name("memory-mcp"))
 HAND_WRITTEN = {
     "CLAUDE.md": b"# House rules\n\nUse tabs. Run `make test` before pushing.\n",
     "AGENTS.md": b"\xef\xbb\xbf# Agents\r\n\r\nKeep PRs small.\r\nNo trailing newline here",
@@ -278,6 +278,7 @@ def test_run_refreshes_the_brief_then_becomes_the_cli(project: Path, tmp_path: P
         env=env,
         check=True,
         capture_output=True,
+        timeout=60,
     )
     result = subprocess.run(
         [COMMAND, "run", "codex", "--", "--model", "o4", "exec", "fix it"],
@@ -368,6 +369,7 @@ def test_the_hook_reads_the_session_directory_from_stdin(project: Path, tmp_path
         env=env,
         check=True,
         capture_output=True,
+        timeout=60,
     )
     hook_input = json.dumps({"cwd": str(project), "hook_event_name": "SessionStart"})
     result = subprocess.run(

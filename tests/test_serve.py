@@ -17,7 +17,8 @@ from mcp import Client, StdioServerParameters
 from mcp.client.sse import sse_client
 
 from helpers.files import backdate
-from helpers.serving import COMMAND, http_server, round_trip, running
+from helpers.processes import COMMAND
+from helpers.serving import http_server, round_trip, running, stderr_of
 from helpers.tools import call, client
 from helpers.waiting import eventually
 from memory_mcp.front import CACHE_FILE, cache_key, fast_serve_args
@@ -158,8 +159,7 @@ def test_stdio_shuts_down_cleanly(
         else:
             process.send_signal(getattr(signal, how))
         assert process.wait(timeout=30) == 0
-        assert process.stderr is not None
-        assert b"Traceback" not in process.stderr.read()
+        assert b"Traceback" not in stderr_of(process)
     database = sqlite3.connect(tmp_path / "data" / "memory.db")
     assert database.execute("PRAGMA integrity_check").fetchone() == ("ok",)
     assert database.execute("SELECT count(*) FROM records").fetchone() == (1,)
@@ -272,8 +272,7 @@ def test_a_server_that_cannot_start_answers_pending_requests_with_an_error(
         assert answer["id"] == 2
         assert "memory-mcp stopped" in answer["error"]["message"]
         assert process.wait(timeout=60) == 78
-        assert process.stderr is not None
-        assert b"storage.driver" in process.stderr.read()
+        assert b"storage.driver" in stderr_of(process)
 
 
 def test_malformed_client_messages_do_not_break_the_session(
@@ -305,8 +304,7 @@ def test_a_client_that_stops_reading_ends_the_session_cleanly(
         process.stdout.close()
         call_tool(process, 5, "memory_store", content="Nobody reads this answer")
         assert process.wait(timeout=30) == 0
-        assert process.stderr is not None
-        assert b"Traceback" not in process.stderr.read()
+        assert b"Traceback" not in stderr_of(process)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])

@@ -1,4 +1,6 @@
-"""Worker processes: started, held at a "ready" line, released at once, read with a deadline.
+"""Processes the tests start: the ``memory-mcp`` command, and worker processes.
+
+Workers are started, held at a "ready" line, released at once, read with a deadline.
 
 A worker script (``tests/concurrency_worker.py``, ``tests/maintenance_worker.py``,
 ``tests/reliability/worker.py``) opens what it needs, calls ``wait_for_go()`` and
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import IO, Any
 
 TESTS = Path(__file__).resolve().parents[1]
+COMMAND = str(Path(sys.executable).with_name("memory-mcp"))  # this environment's console script
 READY = "ready"
 GO = "go"
 

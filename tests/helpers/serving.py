@@ -1,11 +1,11 @@
-"""`memory-mcp serve` as a real process: the command, an HTTP server, a round trip."""
+"""`memory-mcp serve` as a real process: started and stopped, over HTTP, a round trip."""
 
 from __future__ import annotations
 
 import select
 import socket
 import subprocess
-import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -13,9 +13,8 @@ from pathlib import Path
 
 from mcp import Client
 
+from helpers.processes import COMMAND
 from helpers.tools import call
-
-COMMAND = str(Path(sys.executable).with_name("memory-mcp"))
 
 
 def free_port() -> int:
@@ -88,3 +87,15 @@ async def round_trip(writer: Client, reader: Client, cwd: Path | None = None) ->
         assert found[0]["agent"] == "claude"
     assert unified["results"][0]["id"] == stored["id"]
     assert unified["results"][0]["metadata"]["agent"] == "claude"
+
+
+def stderr_of(process: subprocess.Popen[bytes], *, within: float = 30) -> bytes:
+    """What a server that has exited wrote to stderr; fails if the pipe stays open."""
+    stream = process.stderr
+    assert stream is not None
+    read: list[bytes] = []
+    reader = threading.Thread(target=lambda: read.append(stream.read()), daemon=True)
+    reader.start()
+    reader.join(within)
+    assert read, f"stderr still open {within} s after the server exited (a child holds it?)"
+    return read[0]

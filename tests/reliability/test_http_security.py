@@ -9,7 +9,8 @@ import httpx
 import pytest
 from mcp.client.sse import sse_client
 
-from helpers.serving import COMMAND, http_server, round_trip
+from helpers.processes import COMMAND
+from helpers.serving import http_server, round_trip
 from helpers.tools import client
 from memory_mcp.config import ServeSettings
 from memory_mcp.errors import ConfigError
