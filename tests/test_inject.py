@@ -270,16 +270,20 @@ def stand_in(tmp_path: Path, name: str, prompt: Path) -> dict[str, str]:
     return env
 
 
-def test_run_refreshes_the_brief_then_becomes_the_cli(project: Path, tmp_path: Path) -> None:
-    env = stand_in(tmp_path, "codex", project / "AGENTS.md")
+def store_with_cli(project: Path, env: dict[str, str], kind: str, text: str) -> None:
     subprocess.run(
-        [COMMAND, "store", "--kind", "decision", "Release from main only"],
+        [COMMAND, "store", "--kind", kind, text],
         cwd=project,
         env=env,
         check=True,
         capture_output=True,
         timeout=60,
     )
+
+
+def test_run_refreshes_the_brief_then_becomes_the_cli(project: Path, tmp_path: Path) -> None:
+    env = stand_in(tmp_path, "codex", project / "AGENTS.md")
+    store_with_cli(project, env, "decision", "Release from main only")
     result = subprocess.run(
         [COMMAND, "run", "codex", "--", "--model", "o4", "exec", "fix it"],
         cwd=project,
@@ -363,14 +367,7 @@ def test_the_inject_command_on_a_seeded_repository(project: Path) -> None:
 
 def test_the_hook_reads_the_session_directory_from_stdin(project: Path, tmp_path: Path) -> None:
     env = stand_in(tmp_path, "unused", project / "CLAUDE.md")
-    subprocess.run(
-        [COMMAND, "store", "--kind", "gotcha", "The staging DB resets nightly"],
-        cwd=project,
-        env=env,
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )
+    store_with_cli(project, env, "gotcha", "The staging DB resets nightly")
     hook_input = json.dumps({"cwd": str(project), "hook_event_name": "SessionStart"})
     result = subprocess.run(
         [COMMAND, "brief", "--hook"],
