@@ -30,7 +30,7 @@ import socket
 import sys
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from functools import partial
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import anyio
 from mcp.server.transport_security import TransportSecuritySettings
@@ -41,9 +41,6 @@ from memory_mcp.errors import ConfigError, MemoryMcpError
 from memory_mcp.scope import project_root
 from memory_mcp.server import build_server
 from memory_mcp.service import MemoryService
-
-if TYPE_CHECKING:
-    from memory_mcp.front import Front
 
 log = logging.getLogger(__name__)
 
@@ -218,16 +215,23 @@ def bind(host: str, port: int) -> socket.socket:
     return listener
 
 
-def serve_behind_front(cwd: str | None, front: Front, loaded: LoadedSettings | None) -> int:
+def serve_behind_front(
+    cwd: str | None,
+    handshake_versions: Callable[[list[str]], None],
+    loaded: LoadedSettings | None,
+) -> int:
     """The real stdio server, in the front's thread (``front.py``); returns the exit code.
 
     Args:
+        cwd: the working directory whose project to serve (None: the current one).
+        handshake_versions: given the protocol versions the SDK negotiates in its
+            handshake, before it serves (the front caches them with its answers).
         loaded: the settings, as the front loaded them (None: it could not; they are
             loaded here, and what is wrong with them is said).
     """
     from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
-    front.versions = list(HANDSHAKE_PROTOCOL_VERSIONS)
+    handshake_versions(list(HANDSHAKE_PROTOCOL_VERSIONS))
     logging.basicConfig(
         level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s"
     )
