@@ -346,7 +346,7 @@ def test_doctor_and_backup(project: Path, tmp_path: Path, monkeypatch: pytest.Mo
 def test_json_output_uses_the_mcp_tools_field_names(
     project: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from memory_mcp.server import BriefOut, Forgotten, Found, Results, Stored
+    from memory_mcp.mcp.tools import BriefOut, Forgotten, Found, Results, Stored
 
     monkeypatch.setenv("MEMORY_MCP_EMBEDDER_BACKEND", "bm25")
     code, out, _ = run("store", "--json", "Lint with ruff before committing", cwd=project)

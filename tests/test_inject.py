@@ -16,9 +16,9 @@ from typing import Any
 import anyio
 import pytest
 
+from memory_mcp.agents.inject import BRIEF_DIR, BRIEF_FILE, inject, prompt_file, uninject
 from memory_mcp.brief import build_brief
 from memory_mcp.errors import InvalidInput
-from memory_mcp.inject import BRIEF_DIR, BRIEF_FILE, inject, prompt_file, uninject
 from memory_mcp.service import MemoryService, StoreRequest
 
 pytestmark = pytest.mark.anyio
@@ -498,7 +498,7 @@ def test_uninject_finds_the_codex_block_after_an_override_appears(project: Path)
 
 
 def test_without_blocks_reads_any_document() -> None:
-    from memory_mcp.inject import without_blocks
+    from memory_mcp.agents.inject import without_blocks
 
     half = "Intro\n<!-- memory-mcp:begin lead=0 created=0 x -->\nno end here\n"
     assert without_blocks(half) == half

@@ -7,8 +7,16 @@ from pathlib import Path
 
 import pytest
 
+from memory_mcp.agents.install import (
+    hook_path,
+    inspect,
+    install,
+    server_env,
+    server_path,
+    todo,
+    uninstall,
+)
 from memory_mcp.errors import InvalidInput
-from memory_mcp.install import hook_path, inspect, install, server_env, server_path, todo, uninstall
 
 CLAUDE_JSON = {
     "numStartups": 42,

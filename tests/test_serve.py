@@ -24,7 +24,7 @@ from mcp_types import Implementation
 
 from memory_mcp.__main__ import fast_serve_args
 from memory_mcp.dirs import HANDSHAKE_CACHE
-from memory_mcp.front import cache_key
+from memory_mcp.mcp.front import cache_key
 
 pytestmark = pytest.mark.anyio
 

@@ -47,7 +47,7 @@ def main() -> None:
         return
     fast, cwd = fast_serve_args(sys.argv[1:])
     if fast:
-        from memory_mcp.front import run
+        from memory_mcp.mcp.front import run
 
         run(cwd)
     from memory_mcp.cli import main as cli_main

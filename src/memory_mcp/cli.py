@@ -33,9 +33,9 @@ from memory_mcp.service import MemoryService, Status
 from memory_mcp.terminal import Printer, Report, progress
 
 if TYPE_CHECKING:
+    from memory_mcp.agents.inject import Agent, FileChange
+    from memory_mcp.agents.install import ConfigChange, InstallScope
     from memory_mcp.embedders.base import Embedder
-    from memory_mcp.inject import Agent, FileChange
-    from memory_mcp.install import ConfigChange, InstallScope
 
 T = TypeVar("T")
 
@@ -363,9 +363,9 @@ def serve(
     cwd: CwdOption = None,
 ) -> None:
     """Run the MCP server (stdio by default) for Claude Code, Codex, Gemini CLI and others."""
-    from memory_mcp import front
-    from memory_mcp.serve import Transport
-    from memory_mcp.serve import serve as run_server
+    from memory_mcp.mcp import front
+    from memory_mcp.mcp.transports import Transport
+    from memory_mcp.mcp.transports import serve as run_server
 
     if transport is TransportChoice.stdio:
         front.run(str(cwd) if cwd else None)
@@ -437,7 +437,7 @@ def brief(
     if hook and cwd is None:
         cwd = _hook_cwd()
     if hook and agent is not None:
-        from memory_mcp.inject import injected
+        from memory_mcp.agents.inject import injected
 
         if injected(project_root(cwd), agent.value):
             typer.echo("{}")  # the CLI reads the brief from its prompt file already
@@ -497,14 +497,14 @@ class AgentChoice(StrEnum):
 
 
 def _agents(choice: AgentChoice) -> tuple[Agent, ...]:
-    from memory_mcp.inject import AGENTS
+    from memory_mcp.agents.inject import AGENTS
 
     return AGENTS if choice is AgentChoice.all else (cast("Agent", choice.value),)
 
 
 def _inject(cwd: Path | None, agents: tuple[Agent, ...], imports: bool) -> list[FileChange]:
+    from memory_mcp.agents.inject import inject as write_blocks
     from memory_mcp.brief import build_brief
-    from memory_mcp.inject import inject as write_blocks
 
     root = project_root(cwd)
 
@@ -555,7 +555,7 @@ def uninject(
     agent: AgentOption = AgentChoice.all, cwd: CwdOption = None, as_json: JsonOption = False
 ) -> None:
     """Remove what inject added, restoring each file byte for byte."""
-    from memory_mcp.inject import uninject as remove_blocks
+    from memory_mcp.agents.inject import uninject as remove_blocks
 
     root = project_root(cwd)
     with _engine_errors():
@@ -659,8 +659,8 @@ def install(
     the store is), so that every CLI's server uses the same store; run it again
     after changing them.
     """
-    from memory_mcp.install import install as add
-    from memory_mcp.install import todo
+    from memory_mcp.agents.install import install as add
+    from memory_mcp.agents.install import todo
 
     which, where = _install_args(agent, scope)
     root = project_root(cwd)
@@ -683,7 +683,7 @@ def uninstall(
     as_json: JsonOption = False,
 ) -> None:
     """Remove what install added to a CLI's configuration (the server and the hook)."""
-    from memory_mcp.install import uninstall as remove
+    from memory_mcp.agents.install import uninstall as remove
 
     which, where = _install_args(agent, scope)
     root = project_root(cwd)
@@ -720,7 +720,7 @@ def status(cwd: CwdOption = None, as_json: JsonOption = False) -> None:
     async def use(memory: MemoryService) -> Status:
         return await memory.status()
 
-    from memory_mcp.install import inspect
+    from memory_mcp.agents.install import inspect
 
     info = _with_memory(cwd, use, embeds=False, probe=True)
     root = project_root(cwd)

@@ -20,7 +20,7 @@ from mcp_types import Implementation
 
 from memory_mcp.config import Settings
 from memory_mcp.embedders.base import FakeEmbedder
-from memory_mcp.server import build_server
+from memory_mcp.mcp.tools import build_server
 from memory_mcp.service import MemoryService
 from memory_mcp.storage.doctor import diagnose
 

@@ -13,7 +13,7 @@ from mcp_types import Implementation
 
 from memory_mcp.config import ServeSettings
 from memory_mcp.errors import ConfigError
-from memory_mcp.serve import check_exposure, is_loopback
+from memory_mcp.mcp.transports import check_exposure, is_loopback
 from test_serve import COMMAND, env, http_server, round_trip
 
 pytestmark = pytest.mark.anyio

@@ -28,7 +28,7 @@ from memory_mcp.cli import app
 from memory_mcp.config import Settings, load_settings
 from memory_mcp.embedders.base import FakeEmbedder
 from memory_mcp.exchange import export_jsonl, import_jsonl
-from memory_mcp.server import build_server
+from memory_mcp.mcp.tools import build_server
 from memory_mcp.service import MemoryService
 
 pytestmark = pytest.mark.anyio

@@ -9,7 +9,7 @@ question arrives; its answer says whether it was hybrid (the model had loaded,
 or the search waited for it) or lexical. The process is then closed through
 stdin, as a CLI does.
 
-The first launch of a version has no handshake cache yet (``front.py``) and
+The first launch of a version has no handshake cache yet (``mcp/front.py``) and
 pays for importing the MCP SDK; it is reported apart from the rest.
 """
 

@@ -3,7 +3,7 @@
 Importing the MCP SDK and its pydantic models takes seconds on a small machine,
 while an agent CLI waits for ``initialize`` and ``tools/list`` before it starts.
 This module, standard library only, answers those two from a cache of the
-server's own earlier answers, while the real server (``serve.serve_behind_front``)
+server's own earlier answers, while the real server (``transports.serve_behind_front``)
 imports and starts in a thread behind two pipes that stand in for stdin and
 stdout.
 
@@ -51,7 +51,7 @@ _END = b"\x00memory-mcp: server output ends\n"
 def cache_key() -> str:
     """What the cached answers depend on: this package's tools and the SDK's version."""
     digest = hashlib.sha256(__version__.encode())
-    digest.update((Path(__file__).parent / "server.py").read_bytes())
+    digest.update((Path(__file__).parent / "tools.py").read_bytes())
     spec = importlib.util.find_spec("mcp")
     if spec is not None and spec.origin:
         stat = os.stat(spec.origin)
@@ -357,7 +357,7 @@ def run(cwd: str | None) -> NoReturn:
         code = 1
         try:
             loaded = _preload_model(cwd)
-            from memory_mcp.serve import serve_behind_front
+            from memory_mcp.mcp.transports import serve_behind_front
 
             code = serve_behind_front(cwd, front.learn_versions, loaded)
         except BaseException:

@@ -4,7 +4,7 @@ One process opens the store and starts loading the embedding model in the
 background, then answers at once: ``initialize`` and ``tools/list`` never wait
 for the model (searches meanwhile run on the lexical floor and say so).
 
-stdio is what the agent CLIs spawn; it always runs behind ``front.py``, which
+stdio is what the agent CLIs spawn; it always runs behind ``mcp/front.py``, which
 answers the handshake at once and turns SIGINT / SIGTERM into the end of
 stdin, so the session ends as if the client had closed it: the current write
 transaction finishes, the store closes, the process exits 0. Logs go to
@@ -38,8 +38,8 @@ from mcp.server.transport_security import TransportSecuritySettings
 from memory_mcp import maintenance
 from memory_mcp.config import LoadedSettings, ServeSettings, load_settings
 from memory_mcp.errors import ConfigError, MemoryMcpError
+from memory_mcp.mcp.tools import build_server
 from memory_mcp.scope import project_root
-from memory_mcp.server import build_server
 from memory_mcp.service import MemoryService
 
 log = logging.getLogger(__name__)
@@ -220,7 +220,7 @@ def serve_behind_front(
     handshake_versions: Callable[[list[str]], None],
     loaded: LoadedSettings | None,
 ) -> int:
-    """The real stdio server, in the front's thread (``front.py``); returns the exit code.
+    """The real stdio server, in the front's thread (``mcp/front.py``); returns the exit code.
 
     Args:
         cwd: the working directory whose project to serve (None: the current one).
