@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from conftest import MODEL_ENV, model_path
 from memory_mcp import __version__
-from memory_mcp.cli import app
+from memory_mcp.cli.app import app
 
 runner = CliRunner()
 
@@ -435,7 +435,7 @@ def test_the_backup_hint_says_to_remove_the_wal_files(
 
 
 def test_the_cli_task_list_is_maintenances() -> None:
-    from memory_mcp.cli import Task
+    from memory_mcp.cli.upkeep import Task
     from memory_mcp.maintenance import TASKS
 
     assert [t.value for t in Task] == list(TASKS)

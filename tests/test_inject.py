@@ -323,7 +323,7 @@ def test_the_inject_command_on_a_seeded_repository(project: Path) -> None:
     """inject --agent all / uninject through the CLI, on the user's store, as a user runs them."""
     from typer.testing import CliRunner
 
-    from memory_mcp.cli import app
+    from memory_mcp.cli.app import app
     from memory_mcp.config import load_settings
 
     async def fill() -> None:

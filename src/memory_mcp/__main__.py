@@ -50,7 +50,7 @@ def main() -> None:
         from memory_mcp.mcp.front import run
 
         run(cwd)
-    from memory_mcp.cli import main as cli_main
+    from memory_mcp.cli.app import main as cli_main
 
     cli_main()
 
