@@ -54,8 +54,10 @@ def _imported(tree: ast.AST, module: str, is_package: bool, known: set[str]) -> 
     visit(tree)
     result: set[str] = set()
     for name in found:
-        # ``import memory_mcp.a.b`` runs ``memory_mcp.a`` too, but a package's
-        # __init__ importing nothing of ours cannot close a circle; keep the leaf.
+        # ``memory_mcp.a.b`` counts as that module only, not as its package's
+        # __init__: a package that re-exports its own modules (storage, embedders)
+        # is not a dependency of those modules. Names that are not modules (a
+        # function imported from a module) count as the module.
         while name and name not in known:
             name = name.rpartition(".")[0]
         if name and name != module:
