@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from helpers.model import MODEL_ENV, model_path
 from memory_mcp import __version__
-from memory_mcp.cli import app
+from memory_mcp.cli.app import app
 
 runner = CliRunner()
 
@@ -346,7 +346,7 @@ def test_doctor_and_backup(project: Path, tmp_path: Path, monkeypatch: pytest.Mo
 def test_json_output_uses_the_mcp_tools_field_names(
     project: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from memory_mcp.server import BriefOut, Forgotten, Found, Results, Stored
+    from memory_mcp.mcp.tools import BriefOut, Forgotten, Found, Results, Stored
 
     monkeypatch.setenv("MEMORY_MCP_EMBEDDER_BACKEND", "bm25")
     code, out, _ = run("store", "--json", "Lint with ruff before committing", cwd=project)
@@ -435,7 +435,7 @@ def test_the_backup_hint_says_to_remove_the_wal_files(
 
 
 def test_the_cli_task_list_is_maintenances() -> None:
-    from memory_mcp.cli import Task
+    from memory_mcp.cli.upkeep import Task
     from memory_mcp.maintenance import TASKS
 
     assert [t.value for t in Task] == list(TASKS)

@@ -445,7 +445,7 @@ async def test_on_the_lexical_floor_chunks_are_stored_without_vectors(
 async def test_the_injected_brief_is_never_ingested_and_does_not_count_as_a_change(
     memory: MemoryService, project: Path
 ) -> None:
-    from memory_mcp.inject import inject
+    from memory_mcp.agents.inject import inject
 
     (project / "CLAUDE.md").write_text("# Rules\n\nUse tabs for indentation.\n")
     inject(project, "## Brief\n\n~~~text\nSECRET-LOOKING BRIEF LINE\n~~~\n", ("claude",))

@@ -18,9 +18,9 @@ import pytest
 from helpers.files import backdate
 from helpers.processes import COMMAND
 from helpers.waiting import wait_until
+from memory_mcp.agents.inject import BRIEF_DIR, BRIEF_FILE, inject, prompt_file, uninject
 from memory_mcp.brief import build_brief
 from memory_mcp.errors import InvalidInput
-from memory_mcp.inject import BRIEF_DIR, BRIEF_FILE, inject, prompt_file, uninject
 from memory_mcp.service import MemoryService, StoreRequest
 
 pytestmark = pytest.mark.anyio
@@ -328,7 +328,7 @@ def test_the_inject_command_on_a_seeded_repository(project: Path) -> None:
     """inject --agent all / uninject through the CLI, on the user's store, as a user runs them."""
     from typer.testing import CliRunner
 
-    from memory_mcp.cli import app
+    from memory_mcp.cli.app import app
     from memory_mcp.config import load_settings
 
     async def fill() -> None:
@@ -497,7 +497,7 @@ def test_uninject_finds_the_codex_block_after_an_override_appears(project: Path)
 
 
 def test_without_blocks_reads_any_document() -> None:
-    from memory_mcp.inject import without_blocks
+    from memory_mcp.agents.inject import without_blocks
 
     half = "Intro\n<!-- memory-mcp:begin lead=0 created=0 x -->\nno end here\n"
     assert without_blocks(half) == half

@@ -8,8 +8,16 @@ from pathlib import Path
 import pytest
 
 from helpers.files import backdate
+from memory_mcp.agents.install import (
+    hook_path,
+    inspect,
+    install,
+    server_env,
+    server_path,
+    todo,
+    uninstall,
+)
 from memory_mcp.errors import InvalidInput
-from memory_mcp.install import hook_path, inspect, install, server_env, server_path, todo, uninstall
 
 CLAUDE_JSON = {
     "numStartups": 42,

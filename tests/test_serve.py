@@ -21,7 +21,9 @@ from helpers.processes import COMMAND
 from helpers.serving import http_server, round_trip, running, stderr_of
 from helpers.tools import call, client
 from helpers.waiting import eventually
-from memory_mcp.front import CACHE_FILE, cache_key, fast_serve_args
+from memory_mcp.__main__ import fast_serve_args
+from memory_mcp.dirs import HANDSHAKE_CACHE
+from memory_mcp.mcp.front import cache_key
 
 pytestmark = pytest.mark.anyio
 
@@ -56,7 +58,7 @@ async def test_the_handshake_cache_gives_the_servers_own_answers(
             await call(c, "memory_search", query="warm up")
         return info, tools.model_dump()
 
-    cache = tmp_path / "cache" / "memory-mcp" / CACHE_FILE
+    cache = tmp_path / "cache" / "memory-mcp" / HANDSHAKE_CACHE
     learned = await handshake()  # no cache: every answer comes from the server
     assert cache.is_file()
     backdate(cache)
@@ -233,7 +235,7 @@ def test_the_first_search_of_a_session_is_hybrid(
 async def test_a_bad_or_stale_handshake_cache_is_relearned(
     env: dict[str, str], project: Path, tmp_path: Path, content: str
 ) -> None:
-    cache = tmp_path / "cache" / "memory-mcp" / CACHE_FILE
+    cache = tmp_path / "cache" / "memory-mcp" / HANDSHAKE_CACHE
     cache.parent.mkdir(parents=True)
     cache.write_text(content)
     async with stdio(env, project, "claude-code", mode="legacy") as c:

@@ -15,9 +15,9 @@ from memory_mcp.config import Settings
 from memory_mcp.embedders.base import FakeEmbedder
 from memory_mcp.errors import InvalidInput, StorageError
 from memory_mcp.ingest import ingest
+from memory_mcp.mcp.tools import agent_name, compact_schema, root_path
 from memory_mcp.records import Record
 from memory_mcp.scope import project_root
-from memory_mcp.server import agent_name, compact_schema, root_path
 from memory_mcp.service import UNIFIED_CONTENT_CAP, MemoryService
 from memory_mcp.storage.base import Filters
 from memory_mcp.write import new_id

@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import sys
 import tomllib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin
 import msgspec
 from msgspec import Meta
 
+from memory_mcp import dirs
 from memory_mcp.errors import ConfigError
 
 ENV_PREFIX = "MEMORY_MCP_"
@@ -508,7 +508,7 @@ class Settings(_Section):
 
     def database_path(self, env: Mapping[str, str] | None = None) -> Path:
         """Where the SQLite database lives (for a process with environment ``env``)."""
-        base = Path(self.data_dir).expanduser() if self.data_dir else default_data_dir(env)
+        base = Path(self.data_dir).expanduser() if self.data_dir else dirs.data_dir(env)
         return base / "memory.db"
 
 
@@ -595,28 +595,12 @@ class LoadedSettings:
     sources: list[str] = field(default_factory=list)
 
 
-def default_data_dir(env: Mapping[str, str] | None = None) -> Path:
-    """The platform's per-user data directory for memory-mcp."""
-    env = os.environ if env is None else env
-    if sys.platform == "win32":
-        base = env.get("LOCALAPPDATA") or str(Path.home() / "AppData" / "Local")
-        return Path(base) / "memory-mcp"
-    if sys.platform == "darwin":
-        return Path.home() / "Library" / "Application Support" / "memory-mcp"
-    xdg = env.get("XDG_DATA_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".local" / "share") / "memory-mcp"
-
-
 def user_config_path(env: Mapping[str, str]) -> Path:
     """The user config file: ``$MEMORY_MCP_CONFIG``, else the platform config dir."""
     explicit = env.get(USER_CONFIG_ENV)
     if explicit:
         return Path(explicit).expanduser()
-    if sys.platform == "win32":
-        base = env.get("APPDATA") or str(Path.home() / "AppData" / "Roaming")
-        return Path(base) / "memory-mcp" / "config.toml"
-    xdg = env.get("XDG_CONFIG_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".config") / "memory-mcp" / "config.toml"
+    return dirs.config_dir(env) / "config.toml"
 
 
 def load_settings(

@@ -34,8 +34,8 @@ from typing import Protocol
 
 import anyio
 
+from memory_mcp.agents.inject import without_blocks
 from memory_mcp.errors import InvalidInput, NotFound
-from memory_mcp.inject import without_blocks
 from memory_mcp.records import Record, format_time
 from memory_mcp.scope import Scope
 from memory_mcp.secret_scan import redact

@@ -1,6 +1,6 @@
 """What results look like outside the engine: one shape for the MCP tools and ``--json``.
 
-The MCP server's result models (``server.py``) are built from these dicts, and
+The MCP server's result models (``mcp/tools.py``) are built from these dicts, and
 the CLI prints them, so a script that reads ``memory-mcp search --json`` and an
 agent that reads ``memory_search`` see the same field names.
 

@@ -7,7 +7,7 @@ from typing import Any
 from mcp import Client
 from mcp_types import Implementation
 
-from memory_mcp.server import build_server
+from memory_mcp.mcp.tools import build_server
 from memory_mcp.service import MemoryService
 
 

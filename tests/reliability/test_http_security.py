@@ -14,7 +14,7 @@ from helpers.serving import http_server, round_trip
 from helpers.tools import client
 from memory_mcp.config import ServeSettings
 from memory_mcp.errors import ConfigError
-from memory_mcp.serve import check_exposure, is_loopback
+from memory_mcp.mcp.transports import check_exposure, is_loopback
 
 pytestmark = pytest.mark.anyio
 

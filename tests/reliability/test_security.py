@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from memory_mcp.brief import build_brief
-from memory_mcp.cli import app
+from memory_mcp.cli.app import app
 from memory_mcp.config import Settings
 from memory_mcp.embedders.base import FakeEmbedder
 from memory_mcp.service import MemoryService

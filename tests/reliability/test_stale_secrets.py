@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 
 from helpers.tools import in_process
 from memory_mcp.brief import build_brief
-from memory_mcp.cli import app
+from memory_mcp.cli.app import app
 from memory_mcp.config import Settings, load_settings
 from memory_mcp.embedders.base import FakeEmbedder
 from memory_mcp.exchange import export_jsonl, import_jsonl

@@ -20,9 +20,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from memory_mcp.agents.inject import inject
 from memory_mcp.brief import build_brief
 from memory_mcp.config import Settings
-from memory_mcp.inject import inject
 from memory_mcp.records import Corpus, Record, format_time, utcnow
 from memory_mcp.scope import project_root
 from memory_mcp.service import MemoryService

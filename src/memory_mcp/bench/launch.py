@@ -9,7 +9,7 @@ question arrives; its answer says whether it was hybrid (the model had loaded,
 or the search waited for it) or lexical. The process is then closed through
 stdin, as a CLI does.
 
-The first launch of a version has no handshake cache yet (``front.py``) and
+The first launch of a version has no handshake cache yet (``mcp/front.py``) and
 pays for importing the MCP SDK; it is reported apart from the rest.
 """
 
@@ -27,8 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from memory_mcp.dirs import cache_dir
-from memory_mcp.front import CACHE_FILE
+from memory_mcp.dirs import HANDSHAKE_CACHE, cache_dir
 
 _INITIALIZE = {
     "jsonrpc": "2.0",
@@ -183,7 +182,7 @@ def run_launch_bench(
     """
     command = list(command or [executable(), "serve"])
     cold = None
-    if not (cache_dir() / CACHE_FILE).is_file():
+    if not (cache_dir() / HANDSHAKE_CACHE).is_file():
         cold = launch_once(command, cwd).tools_s
     report = LaunchReport(command=command, cold=cold)
     for n in range(launches):

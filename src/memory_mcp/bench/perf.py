@@ -36,11 +36,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from memory_mcp.agents.inject import inject
 from memory_mcp.brief import build_brief
 from memory_mcp.config import Settings, WriteSettings
 from memory_mcp.embedders.base import Embedder
 from memory_mcp.exchange import header_line, import_jsonl, record_line
-from memory_mcp.inject import inject
 from memory_mcp.records import utcnow
 from memory_mcp.scope import project_scope
 from memory_mcp.service import MemoryService

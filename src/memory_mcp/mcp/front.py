@@ -3,7 +3,7 @@
 Importing the MCP SDK and its pydantic models takes seconds on a small machine,
 while an agent CLI waits for ``initialize`` and ``tools/list`` before it starts.
 This module, standard library only, answers those two from a cache of the
-server's own earlier answers, while the real server (``serve.serve_behind_front``)
+server's own earlier answers, while the real server (``transports.serve_behind_front``)
 imports and starts in a thread behind two pipes that stand in for stdin and
 stdout.
 
@@ -38,66 +38,25 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from memory_mcp import __version__
-from memory_mcp.dirs import cache_dir
+from memory_mcp.dirs import HANDSHAKE_CACHE, cache_dir
 
 if TYPE_CHECKING:
     from memory_mcp.config import LoadedSettings
 
-CACHE_FILE = "handshake.json"
 # The server thread's last line on the pipe: its output has ended. (The SDK keeps
 # a duplicate of the pipe's write end open, so the relay would never see EOF.)
 _END = b"\x00memory-mcp: server output ends\n"
-_FAST_FLAGS = ("--cwd", "--transport", "-t")
 
 
 def cache_key() -> str:
     """What the cached answers depend on: this package's tools and the SDK's version."""
     digest = hashlib.sha256(__version__.encode())
-    digest.update((Path(__file__).parent / "server.py").read_bytes())
+    digest.update((Path(__file__).parent / "tools.py").read_bytes())
     spec = importlib.util.find_spec("mcp")
     if spec is not None and spec.origin:
         stat = os.stat(spec.origin)
         digest.update(f"{spec.origin}:{stat.st_size}:{stat.st_mtime_ns}".encode())
     return digest.hexdigest()[:32]
-
-
-def fast_serve_args(argv: list[str]) -> tuple[bool, str | None]:
-    """Whether the front serves these arguments (``serve`` over stdio, at most ``--cwd``).
-
-    Returns:
-        (True, the --cwd value or None), or (False, None) when the full command
-        line must handle them (other options, help, another transport).
-    """
-    if not argv or argv[0] != "serve":
-        return False, None
-    cwd: str | None = None
-    rest = argv[1:]
-    while rest:
-        arg = rest.pop(0)
-        name, _, inline = arg.partition("=")
-        if name not in _FAST_FLAGS:
-            return False, None
-        value = inline if inline else (rest.pop(0) if rest else None)
-        if value is None:
-            return False, None
-        if name == "--cwd":
-            cwd = value
-        elif value != "stdio":
-            return False, None
-    return True, cwd
-
-
-def main() -> None:
-    """The ``memory-mcp`` command: the front for stdio ``serve``, else the full CLI."""
-    if sys.argv[1:] == ["--version"]:
-        print(__version__)
-        return
-    fast, cwd = fast_serve_args(sys.argv[1:])
-    if fast:
-        run(cwd)
-    from memory_mcp.cli import main as cli_main
-
-    cli_main()
 
 
 def _id_key(message: dict[str, Any]) -> str:
@@ -115,14 +74,18 @@ class Front:
         self._out_lock = threading.Lock()
         self._in_lock = threading.Lock()
         self._key = cache_key()
-        self._path = cache_dir() / CACHE_FILE
+        self._path = cache_dir() / HANDSHAKE_CACHE
         self._cache = self._load()
         self._learned: dict[str, Any] = {}
         self._expected: dict[str, tuple[str, Any]] = {}  # request id -> (method, answer sent)
         self._pending: dict[str, Any] = {}  # requests passed to the server, not yet answered
         self._client_gone = False
         self._handshake = False
-        self.versions: list[str] = []  # the SDK's handshake versions, set by the server thread
+        self.versions: list[str] = []  # the SDK's handshake versions, from the server thread
+
+    def learn_versions(self, versions: list[str]) -> None:
+        """Take the protocol versions the server's SDK negotiates (cached with its answers)."""
+        self.versions = list(versions)
 
     def _load(self) -> dict[str, Any] | None:
         try:
@@ -394,9 +357,9 @@ def run(cwd: str | None) -> NoReturn:
         code = 1
         try:
             loaded = _preload_model(cwd)
-            from memory_mcp.serve import serve_behind_front
+            from memory_mcp.mcp.transports import serve_behind_front
 
-            code = serve_behind_front(cwd, front, loaded)
+            code = serve_behind_front(cwd, front.learn_versions, loaded)
         except BaseException:
             traceback.print_exc(file=sys.stderr)
         finally:

@@ -49,9 +49,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from memory_mcp.agents.inject import AGENTS, Agent, atomic_write
 from memory_mcp.config import load_settings, user_config_path
 from memory_mcp.errors import InvalidInput
-from memory_mcp.inject import AGENTS, Agent, atomic_write
 
 InstallScope = Literal["user", "project"]
 SCOPES: tuple[InstallScope, ...] = ("user", "project")

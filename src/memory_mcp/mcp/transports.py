@@ -4,7 +4,7 @@ One process opens the store and starts loading the embedding model in the
 background, then answers at once: ``initialize`` and ``tools/list`` never wait
 for the model (searches meanwhile run on the lexical floor and say so).
 
-stdio is what the agent CLIs spawn; it always runs behind ``front.py``, which
+stdio is what the agent CLIs spawn; it always runs behind ``mcp/front.py``, which
 answers the handshake at once and turns SIGINT / SIGTERM into the end of
 stdin, so the session ends as if the client had closed it: the current write
 transaction finishes, the store closes, the process exits 0. Logs go to
@@ -30,7 +30,7 @@ import socket
 import sys
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from functools import partial
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import anyio
 from mcp.server.transport_security import TransportSecuritySettings
@@ -38,12 +38,9 @@ from mcp.server.transport_security import TransportSecuritySettings
 from memory_mcp import maintenance
 from memory_mcp.config import LoadedSettings, ServeSettings, load_settings
 from memory_mcp.errors import ConfigError, MemoryMcpError
+from memory_mcp.mcp.tools import build_server
 from memory_mcp.scope import project_root
-from memory_mcp.server import build_server
 from memory_mcp.service import MemoryService
-
-if TYPE_CHECKING:
-    from memory_mcp.front import Front
 
 log = logging.getLogger(__name__)
 
@@ -218,16 +215,23 @@ def bind(host: str, port: int) -> socket.socket:
     return listener
 
 
-def serve_behind_front(cwd: str | None, front: Front, loaded: LoadedSettings | None) -> int:
-    """The real stdio server, in the front's thread (``front.py``); returns the exit code.
+def serve_behind_front(
+    cwd: str | None,
+    handshake_versions: Callable[[list[str]], None],
+    loaded: LoadedSettings | None,
+) -> int:
+    """The real stdio server, in the front's thread (``mcp/front.py``); returns the exit code.
 
     Args:
+        cwd: the working directory whose project to serve (None: the current one).
+        handshake_versions: given the protocol versions the SDK negotiates in its
+            handshake, before it serves (the front caches them with its answers).
         loaded: the settings, as the front loaded them (None: it could not; they are
             loaded here, and what is wrong with them is said).
     """
     from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
-    front.versions = list(HANDSHAKE_PROTOCOL_VERSIONS)
+    handshake_versions(list(HANDSHAKE_PROTOCOL_VERSIONS))
     logging.basicConfig(
         level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s"
     )

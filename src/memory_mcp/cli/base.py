@@ -1,0 +1,143 @@
+"""What every command shares: the printers, the common options, opening the
+service, and engine errors turned into a message and an exit code."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+
+import anyio
+import typer
+
+from memory_mcp.config import LoadedSettings, load_settings
+from memory_mcp.errors import MemoryMcpError
+from memory_mcp.scope import project_root
+from memory_mcp.service import MemoryService
+from memory_mcp.terminal import Printer, Report, progress
+
+if TYPE_CHECKING:
+    from memory_mcp.embedders.base import Embedder
+
+T = TypeVar("T")
+
+out = Printer()
+err = Printer(stderr=True)
+
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+
+
+def _absolute(value: Path | None) -> Path | None:
+    """``--cwd`` relative to the current directory (``--cwd .``, ``--cwd ../app``)."""
+    return None if value is None else Path(os.path.abspath(value))
+
+
+CwdOption = Annotated[
+    Path | None,
+    typer.Option(
+        help="Working directory whose project to use (default: the current one).",
+        callback=_absolute,
+    ),
+]
+# How long work that needs vectors (reembed, benchmarks) waits for a model download.
+_DOWNLOAD_WAIT = 600.0
+
+
+def settings_for(cwd: Path | None) -> LoadedSettings:
+    return load_settings(project_root=project_root(cwd))
+
+
+@contextmanager
+def engine_errors() -> Iterator[None]:
+    """Engine errors become a message on stderr and their exit code."""
+    try:
+        yield
+    except MemoryMcpError as exc:
+        err.print(f"error: {exc}")
+        raise typer.Exit(exc.exit_code) from None
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        raise typer.Exit(130) from None
+
+
+def run_engine(work: Callable[[], Awaitable[T]]) -> T:
+    """Run async engine work under ``engine_errors``."""
+    with engine_errors():
+        return anyio.run(work)
+
+
+def with_memory(
+    cwd: Path | None,
+    use: Callable[[MemoryService], Awaitable[T]],
+    *,
+    database: Path | None = None,
+    needs_vectors: bool = False,
+    embeds: bool = True,
+    probe: bool = False,
+) -> T:
+    """Run ``use`` with the service open.
+
+    Args:
+        needs_vectors: work that is pointless without vectors (re-embedding) waits
+            for a model download too.
+        embeds: False for work that embeds nothing (the brief, status): the model
+            is looked for, not loaded, so the command answers at once.
+    """
+
+    async def work() -> T:
+        loaded = settings_for(cwd)
+        async with open_memory(
+            loaded, database, needs_vectors, embeds=embeds, probe=probe
+        ) as memory:
+            return await use(memory)
+
+    return run_engine(work)
+
+
+@asynccontextmanager
+async def open_memory(
+    settings: LoadedSettings,
+    database: Path | None,
+    needs_vectors: bool,
+    *,
+    embeds: bool = True,
+    probe: bool = False,
+    embedder: Embedder | None = None,
+) -> AsyncIterator[MemoryService]:
+    """The service; with ``needs_vectors``, after waiting for a model download too."""
+    async with MemoryService.open(
+        settings, database=database, load_embedder=embeds, probe_network=probe, embedder=embedder
+    ) as memory:
+        if needs_vectors:
+            await memory.embeddings.settle()
+            state = memory.embeddings.status()
+            if not memory.embeddings.ready and state.state == "loading":
+                err.print(f"waiting for the embedding model ({state.reason})")
+                await memory.embeddings.wait_loaded(_DOWNLOAD_WAIT)
+        yield memory
+
+
+def print_json(data: Any) -> None:
+    typer.echo(json.dumps(data, ensure_ascii=False, indent=2, default=str))
+
+
+def progress_bar(description: str, total: int | None) -> AbstractContextManager[Report]:
+    """A progress bar on stderr (``terminal.progress``)."""
+    return progress(err, description, total)
+
+
+def short(text: str, width: int = 100) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else flat[: width - 1] + "…"
+
+
+def ago(stamp: str, now: datetime) -> str:
+    """How long ago: "just now", "5m ago", "3d ago" (``brief.age``'s units)."""
+    from memory_mcp.brief import age
+
+    span = age(stamp, now)
+    return "just now" if span == "now" else f"{span} ago"

@@ -1,0 +1,127 @@
+"""Records in and out: ``export``, ``import``, and ``ingest`` of the project's documents."""
+
+from __future__ import annotations
+
+import sys
+from contextlib import nullcontext
+from dataclasses import asdict
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from memory_mcp.cli.base import (
+    CwdOption,
+    JsonOption,
+    err,
+    out,
+    print_json,
+    progress_bar,
+    with_memory,
+)
+from memory_mcp.scope import project_root
+from memory_mcp.service import MemoryService
+
+
+def export_cmd(
+    path: Annotated[
+        Path | None, typer.Argument(help="Output file (default: standard output).")
+    ] = None,
+    cwd: CwdOption = None,
+) -> None:
+    """Export every record (archived and history too) and conflict as JSONL."""
+    from memory_mcp.exchange import export_jsonl, open_private
+
+    async def use(memory: MemoryService) -> Any:
+        if path is None:
+            return await export_jsonl(memory, sys.stdout)
+        with open_private(path) as fh:
+            return await export_jsonl(memory, fh)
+
+    summary = with_memory(cwd, use, embeds=False)
+    err.print(f"exported {summary.records} records and {summary.conflicts} conflicts")
+
+
+def import_cmd(
+    path: Annotated[Path, typer.Argument(help="A file made by `memory-mcp export` ('-': stdin).")],
+    cwd: CwdOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Import an export: records are added exactly (existing ids skipped), then embedded."""
+    from memory_mcp.exchange import import_jsonl
+
+    if str(path) != "-" and not path.is_file():
+        err.print(f"error: {path} is not a file")
+        raise typer.Exit(66)
+
+    async def use(memory: MemoryService) -> Any:
+        with progress_bar("importing", None) as report:
+
+            def embedding(done: int, total: int) -> None:
+                report(done, total, "embedding")
+
+            source = nullcontext(sys.stdin) if str(path) == "-" else path.open(encoding="utf-8")
+            with source as lines:
+                return await import_jsonl(memory, lines, progress=report, embed_progress=embedding)
+
+    summary = with_memory(cwd, use)
+    if as_json:
+        print_json(asdict(summary))
+        return
+    out.print(
+        f"added {summary.records_added} records ({summary.records_skipped} already there), "
+        f"{summary.conflicts_added} conflicts; embedded {summary.embedded}, "
+        f"{summary.awaiting_embedding} awaiting an embedder"
+    )
+
+
+def ingest(
+    paths: Annotated[
+        list[Path] | None,
+        typer.Argument(
+            help="Files or directories in the project (default: README*, docs/**/*.md, "
+            "CLAUDE.md, AGENTS.md, GEMINI.md)."
+        ),
+    ] = None,
+    agent_memories: Annotated[
+        bool,
+        typer.Option(
+            "--agent-memories/--no-agent-memories",
+            help="Also import Claude Code's own memory folder for this project "
+            "(~/.claude/projects/<project>/memory); default: when no PATH is given.",
+        ),
+    ] = True,
+    cwd: CwdOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Index the project's own documents into the knowledge corpus (only what changed)."""
+    from memory_mcp.ingest import ingest as run_ingest
+    from memory_mcp.ingest import ingest_agent_memories
+
+    root = project_root(cwd)
+    given = [p if p.is_absolute() else Path.cwd() / p for p in paths or []]
+
+    async def use(memory: MemoryService) -> Any:
+        with progress_bar("files", None) as report:
+            summaries = [
+                ("project documents", await run_ingest(memory, root, given, progress=report))
+            ]
+            if agent_memories and not given:
+                found = await ingest_agent_memories(memory, root, progress=report)
+                if found.files or found.removed:
+                    summaries.append(("Claude Code memory files", found))
+            return summaries
+
+    results = with_memory(cwd, use)
+    if as_json:
+        print_json({label: asdict(summary) for label, summary in results})
+        return
+    for label, summary in results:
+        out.print(
+            f"{summary.files} {label} in {root}: {summary.changed} re-chunked, "
+            f"{summary.unchanged} unchanged, {summary.removed} removed; "
+            f"{summary.chunks_added} chunks added, {summary.chunks_archived} archived"
+            + ("" if summary.embedded or not summary.chunks_added else " (lexical only for now)")
+        )
+        for line in summary.skipped:
+            err.print(f"skipped {line}")
