@@ -497,7 +497,7 @@ def test_uninject_finds_the_codex_block_after_an_override_appears(project: Path)
 
 
 def test_without_blocks_reads_any_document() -> None:
-    from memory_mcp.agents.inject import without_blocks
+    from memory_mcp.blocks import without_blocks
 
     half = "Intro\n<!-- memory-mcp:begin lead=0 created=0 x -->\nno end here\n"
     assert without_blocks(half) == half

@@ -132,3 +132,25 @@ def test_find_cycle_names_a_circle() -> None:
 def test_no_import_circle_in_the_package() -> None:
     cycle = find_cycle(import_graph())
     assert cycle is None, "import circle: " + " -> ".join(cycle or [])
+
+
+# The adapters: what parses input from a person or an agent CLI and formats the answer.
+ADAPTERS = ("memory_mcp.__main__", "memory_mcp.cli", "memory_mcp.mcp", "memory_mcp.agents")
+
+
+def _is_adapter(module: str) -> bool:
+    return any(module == a or module.startswith(a + ".") for a in ADAPTERS)
+
+
+def test_the_engine_imports_no_adapter() -> None:
+    # The bench drives the product as a user would (it spawns the server and
+    # injects briefs), so it sits beside the adapters, not under them.
+    engine = {
+        name: deps
+        for name, deps in import_graph().items()
+        if not _is_adapter(name) and not name.startswith("memory_mcp.bench")
+    }
+    crossing = sorted(
+        f"{name} -> {dep}" for name, deps in engine.items() for dep in deps if _is_adapter(dep)
+    )
+    assert not crossing, "engine modules import adapters: " + ", ".join(crossing)

@@ -34,7 +34,7 @@ from typing import Protocol
 
 import anyio
 
-from memory_mcp.agents.inject import without_blocks
+from memory_mcp.blocks import without_blocks
 from memory_mcp.errors import InvalidInput, NotFound
 from memory_mcp.records import Record, format_time
 from memory_mcp.scope import Scope

@@ -32,12 +32,12 @@ instead of ``AGENTS.md``, and so does ``inject``.
 from __future__ import annotations
 
 import os
-import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from memory_mcp.blocks import Block, PromptText, find_block, lead_for, render_block
 from memory_mcp.errors import InvalidInput
 
 Agent = Literal["claude", "codex", "gemini"]
@@ -54,10 +54,6 @@ IMPORT_LINES: dict[Agent, str | None] = {
 }
 BRIEF_DIR = ".memory-mcp"
 BRIEF_FILE = "brief.md"
-END = "<!-- memory-mcp:end -->"
-_BEGIN = re.compile(r"<!-- memory-mcp:begin lead=(\d) created=([01]) [^>]*-->")
-_NOTE = "managed by memory-mcp inject; edits inside are replaced"
-_BOM = "\ufeff"
 CODEX_DOC_LIMIT = 32 * 1024  # Codex's project_doc_max_bytes default
 
 Outcome = Literal["created", "updated", "unchanged", "removed", "absent"]
@@ -91,106 +87,6 @@ def _inside(root: Path, path: Path) -> Path:
     return real
 
 
-@dataclass
-class _Text:
-    """A prompt file's text, and how to write it back the same way."""
-
-    body: str  # without BOM, line endings as in the file
-    bom: bool
-    newline: str
-
-    @classmethod
-    def read(cls, path: Path) -> _Text | None:
-        try:
-            raw = path.read_bytes()
-        except FileNotFoundError:
-            return None
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raise InvalidInput(
-                f"{path} is not UTF-8 text; memory-mcp edits UTF-8 prompt files only"
-            ) from None
-        return cls.parse(text)
-
-    @classmethod
-    def parse(cls, text: str) -> _Text:
-        """A decoded file's text: its BOM set aside, its line ending noted."""
-        bom = text.startswith(_BOM)
-        body = text[1:] if bom else text
-        return cls(body, bom, _newline_of(body))
-
-    def encode(self) -> bytes:
-        return ((_BOM if self.bom else "") + self.body).encode("utf-8")
-
-
-def _newline_of(text: str) -> str:
-    """The file's line ending: CRLF if it has any, else CR if it only has those, else LF."""
-    if "\r\n" in text:
-        return "\r\n"
-    if "\r" in text and "\n" not in text:
-        return "\r"
-    return "\n"
-
-
-@dataclass(frozen=True)
-class _Block:
-    start: int  # where the lead line breaks begin
-    end: int  # after the end marker and its line break
-    lead: int
-    created: bool
-
-
-def _find(text: _Text, path: Path, *, strict: bool = True) -> _Block | None:
-    """The managed block: a begin marker line, then the first end marker line after it.
-
-    Markers count only as whole lines, so a memory or a user's sentence that
-    quotes one is never taken for the block's edge.
-
-    Raises:
-        InvalidInput: a begin marker line without an end marker line (``strict``).
-    """
-    body, nl = text.body, text.newline
-    offset = 0
-    begin: tuple[int, re.Match[str]] | None = None
-    for line in body.splitlines(keepends=True):
-        bare = line.rstrip("\r\n")
-        if begin is None:
-            match = _BEGIN.fullmatch(bare)
-            if match is not None:
-                begin = (offset, match)
-        elif bare == END:
-            start, match = begin
-            end = offset + len(line)
-            lead = int(match.group(1))
-            if start - lead * len(nl) < 0 or body[start - lead * len(nl) : start] != nl * lead:
-                lead = 0  # the user removed the line breaks inject put there
-            return _Block(start - lead * len(nl), end, lead, match.group(2) == "1")
-        offset += len(line)
-    if begin is not None and strict:
-        raise InvalidInput(
-            f"{path} has a memory-mcp begin marker without its end marker; fix or remove the "
-            "block by hand, then inject again"
-        )
-    return None
-
-
-def _render(content: str, newline: str, lead: int, created: bool) -> str:
-    lines = [f"<!-- memory-mcp:begin lead={lead} created={int(created)} {_NOTE} -->"]
-    for line in content.rstrip("\n").split("\n"):
-        # A line of the content that reads like a marker must not end the block early.
-        lines.append(" " + line if line.lstrip().startswith("<!-- memory-mcp:") else line)
-    lines.append(END)
-    return newline * lead + newline.join(lines) + newline
-
-
-def _lead_for(body: str, newline: str) -> int:
-    """Line breaks to put before an appended block: end the user's line, then one blank."""
-    if not body:
-        return 0
-    return 1 if body.endswith(newline) else 2
-
-
 def atomic_write(path: Path, data: bytes) -> None:
     """Atomically replace ``path`` with ``data`` (keeping its permissions)."""
     mode = path.stat().st_mode & 0o7777 if path.exists() else 0o644
@@ -210,16 +106,16 @@ def atomic_write(path: Path, data: bytes) -> None:
 def set_block(root: Path, path: Path, content: str) -> FileChange:
     """Put ``content`` in the managed block of ``path`` (empty content: no block)."""
     real = _inside(root, path)
-    current = _Text.read(real)
+    current = PromptText.read(real)
     if current is None:
         if not content.strip():
             return FileChange(path, "absent")
-        text = _Text("", bom=False, newline="\n")
-        text.body = _render(content, "\n", 0, created=True)
+        text = PromptText("", bom=False, newline="\n")
+        text.body = render_block(content, "\n", 0, created=True)
         real.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(real, text.encode())
         return FileChange(path, "created")
-    block = _find(current, path)
+    block = find_block(current, path)
     body = current.body
     if not content.strip():
         if block is None:
@@ -228,13 +124,13 @@ def set_block(root: Path, path: Path, content: str) -> FileChange:
     nl = current.newline
     content = content.replace("\r\n", "\n")
     if block is None:
-        new_body = body + _render(content, nl, _lead_for(body, nl), created=False)
+        new_body = body + render_block(content, nl, lead_for(body, nl), created=False)
     else:
-        rendered = _render(content, nl, block.lead, block.created)
+        rendered = render_block(content, nl, block.lead, block.created)
         new_body = body[: block.start] + rendered + body[block.end :]
     if new_body == body:
         return FileChange(path, "unchanged")
-    updated = _Text(new_body, current.bom, nl)
+    updated = PromptText(new_body, current.bom, nl)
     atomic_write(real, updated.encode())
     return FileChange(path, "updated")
 
@@ -242,16 +138,16 @@ def set_block(root: Path, path: Path, content: str) -> FileChange:
 def remove_block(root: Path, path: Path) -> FileChange:
     """Take the managed block out of ``path``, restoring it as it was before ``inject``."""
     real = _inside(root, path)
-    current = _Text.read(real)
+    current = PromptText.read(real)
     if current is None:
         return FileChange(path, "absent")
-    block = _find(current, path)
+    block = find_block(current, path)
     if block is None:
         return FileChange(path, "absent")
     return _remove(path, real, current, block)
 
 
-def _remove(path: Path, real: Path, current: _Text, block: _Block) -> FileChange:
+def _remove(path: Path, real: Path, current: PromptText, block: Block) -> FileChange:
     before, after = current.body[: block.start], current.body[block.end :]
     if after and before and not before.endswith(("\n", "\r")):
         before += current.newline  # text follows the block: keep the lines apart
@@ -259,7 +155,7 @@ def _remove(path: Path, real: Path, current: _Text, block: _Block) -> FileChange
     if block.created and not rest and not current.bom:
         real.unlink()
         return FileChange(path, "removed", "created by inject")
-    atomic_write(real, _Text(rest, current.bom, current.newline).encode())
+    atomic_write(real, PromptText(rest, current.bom, current.newline).encode())
     return FileChange(path, "updated", "block removed")
 
 
@@ -369,17 +265,6 @@ def uninject(root: Path, agents: tuple[Agent, ...] = AGENTS) -> list[FileChange]
     return changes
 
 
-def without_blocks(text: str) -> str:
-    """``text`` with every managed block taken out (what ingest may read of a prompt file).
-
-    A begin marker without its end is left as text: ingest reads any document.
-    """
-    doc = _Text.parse(text)
-    while (block := _find(doc, Path("prompt file"), strict=False)) is not None:
-        doc.body = doc.body[: block.start] + doc.body[block.end :]
-    return doc.body
-
-
 def injected(root: Path, agent: Agent) -> bool:
     """Whether ``agent``'s prompt file at ``root`` holds a brief ``inject`` (or ``run``) put there.
 
@@ -390,9 +275,9 @@ def injected(root: Path, agent: Agent) -> bool:
 
 
 def _has_block(path: Path) -> bool:
-    """Whether ``path`` holds a managed block (by the same whole-line rule as ``_find``)."""
+    """Whether ``path`` holds a managed block (by the same whole-line rule as ``find_block``)."""
     try:
-        text = _Text.read(path)
+        text = PromptText.read(path)
     except (OSError, InvalidInput):
         return False
-    return text is not None and _find(text, path, strict=False) is not None
+    return text is not None and find_block(text, path, strict=False) is not None
