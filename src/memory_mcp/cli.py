@@ -715,7 +715,7 @@ def _each_cli(
 
 @app.command()
 def status(cwd: CwdOption = None, as_json: JsonOption = False) -> None:
-    """Show the database, SQLite driver, embedder (effective / configured / degraded), counts."""
+    """Show the storage backend and its size, the embedder (effective / configured), counts."""
 
     async def use(memory: MemoryService) -> Status:
         return await memory.status()
@@ -737,8 +737,9 @@ def status(cwd: CwdOption = None, as_json: JsonOption = False) -> None:
         _print_json(data)
         return
     e = info.embedder
-    out.print(f"database        {info.database} ({info.database_bytes / 1e6:.1f} MB)")
-    out.print(f"sqlite driver   {info.driver}")
+    size = info.database_bytes / 1e6
+    out.print(f"storage         {info.backend}: {info.database} ({size:.1f} MB)")
+    out.print(f"driver          {info.driver}")
     effective = e.effective if e.effective != "bm25" else "bm25 (lexical floor, no vectors)"
     out.print(f"embedder        {effective}  [configured: {e.configured}, state: {e.state}]")
     if e.identity and e.identity != e.effective:
@@ -1137,10 +1138,9 @@ def doctor(
     as_json: JsonOption = False,
 ) -> None:
     """Check the database: SQLite's integrity, the full-text and vector indexes, conflicts."""
-    from memory_mcp.storage.doctor import diagnose
 
     async def use(memory: MemoryService) -> Any:
-        return await diagnose(memory.db, repair=repair)
+        return await memory.db.doctor(repair=repair)
 
     found = _with_memory(cwd, use, embeds=False)
     if as_json:
@@ -1166,10 +1166,9 @@ def backup(
     as_json: JsonOption = False,
 ) -> None:
     """Copy the database while servers keep writing (a consistent, owner-only copy)."""
-    from memory_mcp.storage.doctor import backup as copy
 
     async def use(memory: MemoryService) -> Path:
-        return await copy(memory.db, path.expanduser(), force=force)
+        return await memory.db.backup(path.expanduser(), force=force)
 
     written = _with_memory(cwd, use, embeds=False)
     size = written.stat().st_size

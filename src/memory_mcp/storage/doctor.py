@@ -14,7 +14,6 @@ of other processes catch up.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,43 +21,9 @@ import anyio
 
 from memory_mcp.errors import InvalidInput, StorageError
 from memory_mcp.records import format_time, utcnow
+from memory_mcp.storage.base import Check, Diagnosis
 from memory_mcp.storage.driver import DATABASE_ERRORS
 from memory_mcp.storage.sqlite import SqliteStore, _log_change, _owner, _rowids
-
-
-@dataclass
-class Check:
-    """One check: what it found, and what a repair did."""
-
-    name: str
-    problems: list[str] = field(default_factory=list)
-    repaired: bool = False
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "name": self.name,
-            "ok": self.ok,
-            "problems": self.problems,
-            "repaired": self.repaired,
-        }
-
-
-@dataclass
-class Diagnosis:
-    checks: list[Check]
-
-    @property
-    def healthy(self) -> bool:
-        """Nothing wrong, or everything wrong was repaired."""
-        return all(c.ok or c.repaired for c in self.checks)
-
-    def to_json(self) -> dict[str, object]:
-        return {"healthy": self.healthy, "checks": [c.to_json() for c in self.checks]}
-
 
 _SHOWN = 20  # problems listed per check; the count says the rest
 

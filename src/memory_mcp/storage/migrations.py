@@ -165,7 +165,7 @@ def _m002_emphasis(conn: sqlite3.Connection) -> None:
     The index of current records by scope and corpus also carries every column
     the prior reads, so the spawn brief ranks 50,000 facts from the index alone.
     """
-    from memory_mcp.ranker import emphasis
+    from memory_mcp.records import emphasis
 
     conn.execute("ALTER TABLE records ADD COLUMN emphasis INTEGER NOT NULL DEFAULT 0")
     conn.execute("DROP INDEX records_live")

@@ -26,7 +26,9 @@ import json
 import logging
 import os
 import re
+import shutil
 import sqlite3
+import tempfile
 import time
 from collections.abc import AsyncIterator, Collection, Sequence
 from contextlib import asynccontextmanager
@@ -39,11 +41,33 @@ import aiosqlite
 import anyio
 
 from memory_mcp.errors import StorageError
-from memory_mcp.lexical import fts_query, query_terms, stem
+from memory_mcp.lexical import query_terms, stem
 from memory_mcp.passages import MAX_PASSAGES
-from memory_mcp.ranker import emphasis
-from memory_mcp.records import Conflict, MergedEntry, Record, content_hash
-from memory_mcp.storage.base import Around, Filters, Scored, StoreStats, TaskState, Vector
+from memory_mcp.ranker import (
+    DURABLE_KINDS,
+    KIND_IMPORTANCE,
+    RECENCY_FLOOR,
+    REINFORCEMENT_FLOOR,
+    RankerConfig,
+)
+from memory_mcp.records import (
+    Conflict,
+    MergedEntry,
+    Record,
+    derived,
+    merged_text,
+    utcnow,
+)
+from memory_mcp.storage.base import (
+    Around,
+    Diagnosis,
+    Filters,
+    Position,
+    Scored,
+    StoreStats,
+    TaskState,
+    Vector,
+)
 from memory_mcp.storage.driver import (
     DATABASE_ERRORS,
     ERRORS,
@@ -53,6 +77,10 @@ from memory_mcp.storage.driver import (
     choose_driver,
 )
 from memory_mcp.storage.migrations import copy_database, migrate
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from datetime import datetime
 
 if TYPE_CHECKING:  # numpy and the vector copy load only when vectors are used
     import numpy as np
@@ -121,7 +149,8 @@ def _record(row: Sequence[Any]) -> Record:
     )
 
 
-def _record_params(record: Record, digest: str) -> tuple[Any, ...]:
+def _record_params(record: Record) -> tuple[Any, ...]:
+    columns = derived(record)
     return (
         record.id,
         record.corpus,
@@ -129,7 +158,7 @@ def _record_params(record: Record, digest: str) -> tuple[Any, ...]:
         record.scope,
         record.scope_key,
         record.content,
-        digest,
+        columns.content_hash,
         json.dumps(record.tags, ensure_ascii=False),
         record.importance,
         int(record.pinned),
@@ -140,14 +169,14 @@ def _record_params(record: Record, digest: str) -> tuple[Any, ...]:
         record.last_access_at,
         record.fold_count,
         json.dumps([m.to_json() for m in record.merged_from], ensure_ascii=False),
-        "\n".join(m.content for m in record.merged_from),
+        columns.merged_text,
         json.dumps(record.supersedes),
         record.replaced_by,
         record.embedder,
         json.dumps(record.meta, ensure_ascii=False),
         record.archived_at,
         record.archived_reason,
-        emphasis(record.content),
+        columns.emphasis,
     )
 
 
@@ -157,6 +186,14 @@ _INSERT = (
     "fold_count, merged_from, merged_text, supersedes, replaced_by, embedder, meta, "
     "archived_at, archived_reason, emphasis) VALUES (" + ", ".join("?" * 25) + ")"
 )
+
+
+def _seq(position: Position | None) -> int:
+    """The write order number a position stands for (0: before the first record).
+
+    Cursors saved before positions were text hold the number itself.
+    """
+    return int(position or 0)
 
 
 def _marks(values: Collection[Any]) -> str:
@@ -237,6 +274,45 @@ def _lexical_sql(where: str) -> str:
         "CROSS JOIN records r ON r.seq = records_fts.rowid "
         f"WHERE records_fts MATCH ? AND {where} ORDER BY s LIMIT ?"
     )
+
+
+def fts_query(text: str | list[str]) -> str:
+    """An FTS5 MATCH expression: any of the text's ``query_terms`` (or these), quoted.
+
+    Quoting every term makes FTS5 syntax in user text (``AND``, ``NEAR``, ``*``,
+    ``:``, quotes, parentheses) plain words.
+    """
+    terms = query_terms(text) if isinstance(text, str) else text
+    return " OR ".join(f'"{term}"' for term in terms)
+
+
+_JULIAN_UNIX_EPOCH = 2440587.5
+
+
+def _prior_sql(config: RankerConfig, now: datetime) -> tuple[str, list[object]]:
+    """``ranker.prior`` as an SQL expression over ``records r`` (with its parameters).
+
+    The same formula, term for term, reading the emphasis count stored with each
+    record, so the top records by prior come from SQLite without reading every
+    record into Python. The contract suite holds it to ``ranker.prior``.
+    """
+    kinds = " ".join(f"WHEN '{kind}' THEN {value}" for kind, value in KIND_IMPORTANCE.items())
+    importance = (
+        f"COALESCE(r.importance, MIN(1.0, (CASE r.kind {kinds} ELSE 0.5 END) + 0.1 * r.emphasis))"
+    )
+    durable = ", ".join(f"'{kind}'" for kind in sorted(DURABLE_KINDS))
+    age = "MAX(0.0, ? - julianday(r.created_at))"
+    half_life = f"(CASE WHEN r.kind IN ({durable}) THEN ? ELSE ? END)"
+    decay = f"exp(-0.6931471805599453 * {age} / {half_life})"
+    recency = (
+        f"(CASE WHEN r.pinned THEN 1.0 ELSE {RECENCY_FLOOR} + {1 - RECENCY_FLOOR} * {decay} END)"
+    )
+    signal = "(r.fold_count + r.access_count / 2.0)"
+    reinforcement = f"(1.0 - 1.0 / (1.0 + {signal} / 3.0))"
+    boost = f"({REINFORCEMENT_FLOOR} + {1 - REINFORCEMENT_FLOOR} * {reinforcement})"
+    julian = now.timestamp() / 86400 + _JULIAN_UNIX_EPOCH
+    params: list[object] = [julian, config.durable_half_life_days, config.half_life_days]
+    return f"{importance} * {recency} * {boost}", params
 
 
 def _blob(vector: Vector) -> bytes:
@@ -622,7 +698,7 @@ class _Transaction(_Queries):
 
     async def insert(self, record: Record, vectors: Vector | None) -> None:
         """Insert a new record with its passage vectors (one row per passage)."""
-        await self._exec(_INSERT, _record_params(record, content_hash(record.content)))
+        await self._exec(_INSERT, _record_params(record))
         if vectors is not None and record.embedder:
             await self._put_vectors(record.id, vectors, record.embedder)
 
@@ -689,7 +765,7 @@ class _Transaction(_Queries):
         for record, vectors in items:
             unchanged = await self._fetch(
                 "SELECT 1 FROM records WHERE id = ? AND content = ? AND merged_text = ?",
-                [record.id, record.content, "\n".join(m.content for m in record.merged_from)],
+                [record.id, record.content, merged_text(record)],
             )
             if unchanged:
                 done += await self._put_vectors(record.id, vectors, embedder)
@@ -755,7 +831,7 @@ class _Transaction(_Queries):
         exists = await self._fetch("SELECT 1 FROM records WHERE id = ?", [record.id])
         if exists:
             return False
-        await self._exec(_INSERT, _record_params(record, content_hash(record.content)))
+        await self._exec(_INSERT, _record_params(record))
         return True
 
     async def get(self, record_id: str) -> Record | None:
@@ -765,13 +841,14 @@ class _Transaction(_Queries):
 
     async def update_merged(self, record: Record, at: str) -> bool:
         """Write what a fold into a current record changed (``write.absorb``)."""
+        columns = derived(record)
         changed = await self._exec(
             "UPDATE records SET merged_from = ?, merged_text = ?, fold_count = ?, "
             "access_count = ?, last_access_at = ?, supersedes = ?, pinned = ?, tags = ?, "
             "importance = ?, meta = ?, updated_at = ? WHERE id = ? AND live = 1",
             [
                 json.dumps([m.to_json() for m in record.merged_from], ensure_ascii=False),
-                "\n".join(m.content for m in record.merged_from),
+                columns.merged_text,
                 record.fold_count,
                 record.access_count,
                 record.last_access_at,
@@ -788,13 +865,14 @@ class _Transaction(_Queries):
 
     async def set_content(self, record: Record, at: str) -> bool:
         """Replace a current record's text (a refined merge); its vectors must be redone."""
+        columns = derived(record)
         changed = await self._exec(
             "UPDATE records SET content = ?, content_hash = ?, emphasis = ?, meta = ?, "
             "updated_at = ? WHERE id = ? AND live = 1",
             [
                 record.content,
-                content_hash(record.content),
-                emphasis(record.content),
+                columns.content_hash,
+                columns.emphasis,
                 json.dumps(record.meta, ensure_ascii=False),
                 at,
                 record.id,
@@ -809,15 +887,16 @@ class _Transaction(_Queries):
         folded texts and meta. Triggers redo its full-text row; a current record's
         vectors are dropped, since they were made from the old texts, and re-embedding
         makes them again. ``updated_at`` stays: the memory says what it said."""
+        columns = derived(record)
         changed = await self._exec(
             "UPDATE records SET content = ?, content_hash = ?, emphasis = ?, merged_from = ?, "
             "merged_text = ?, meta = ? WHERE id = ?",
             [
                 record.content,
-                content_hash(record.content),
-                emphasis(record.content),
+                columns.content_hash,
+                columns.emphasis,
                 json.dumps([m.to_json() for m in record.merged_from], ensure_ascii=False),
-                "\n".join(m.content for m in record.merged_from),
+                columns.merged_text,
                 json.dumps(record.meta, ensure_ascii=False),
                 record.id,
             ],
@@ -1037,9 +1116,13 @@ class SqliteStore:
         reader: aiosqlite.Connection,
         *,
         vector_copy: bool = True,
+        busy_timeout_ms: int = 15000,
+        clock: Callable[[], datetime] = utcnow,
     ) -> None:
         self.path = path
         self.driver = driver
+        self.busy_timeout_ms = busy_timeout_ms
+        self._clock = clock
         self._writer = writer
         self._reader = reader
         self._write_lock = anyio.Lock()
@@ -1058,11 +1141,14 @@ class SqliteStore:
         driver: DriverName | Driver = "auto",
         busy_timeout_ms: int = 15000,
         vector_copy: bool = True,
+        clock: Callable[[], datetime] = utcnow,
     ) -> SqliteStore:
         """Open (creating and migrating as needed) the database at ``path``.
 
         ``vector_copy=False`` answers vector searches through vec0 alone,
-        without the in-memory copy of the vector tables (``dense``).
+        without the in-memory copy of the vector tables (``dense``). ``clock`` is
+        the store's time (``now``): the database is a file on this machine, so its
+        clock is this machine's (tests give a fake one).
 
         Raises:
             StorageError: the file cannot be created, opened or migrated.
@@ -1077,11 +1163,27 @@ class SqliteStore:
 
         writer = await aiosqlite.Connection(connector, iter_chunk_size=256)
         reader = await aiosqlite.Connection(connector, iter_chunk_size=256)
-        return cls(path, chosen, writer, reader, vector_copy=vector_copy)
+        return cls(
+            path,
+            chosen,
+            writer,
+            reader,
+            vector_copy=vector_copy,
+            busy_timeout_ms=busy_timeout_ms,
+            clock=clock,
+        )
 
     @property
-    def description(self) -> str:
-        return f"sqlite {self.path} via {self.driver.describe()}"
+    def backend(self) -> str:
+        return "sqlite"
+
+    @property
+    def location(self) -> str:
+        return str(self.path)
+
+    @property
+    def details(self) -> str:
+        return self.driver.describe()
 
     @property
     def vector_copy(self) -> str:
@@ -1158,15 +1260,11 @@ class SqliteStore:
     async def current(self, filters: Filters, limit: int) -> list[Record]:
         return await self._queries.current(filters, limit)
 
-    async def ordered(
-        self,
-        filters: Filters,
-        order_sql: str,
-        params: Sequence[object],
-        limit: int,
-        offset: int = 0,
+    async def top_by_prior(
+        self, filters: Filters, ranking: RankerConfig, now: datetime, limit: int
     ) -> list[tuple[Record, float]]:
-        """Current records by an SQL expression over ``records r``, highest first, with it."""
+        """Current records by ``ranker.prior`` (``_prior_sql``), highest first, with it."""
+        order_sql, params = _prior_sql(ranking, now)
         where, where_params = _where(filters)
         # Rank on (seq, value) alone, then read the few winners whole: sorting whole
         # rows would copy every record's text and JSON into the sorter.
@@ -1174,7 +1272,7 @@ class SqliteStore:
             f"SELECT {_SELECT}, t.o FROM (SELECT r.seq AS seq, r.id AS id, {order_sql} AS o "
             f"FROM records r WHERE {where} ORDER BY o DESC, r.id LIMIT ? OFFSET ?) t "
             "JOIN records r ON r.seq = t.seq ORDER BY t.o DESC, t.id",
-            [*params, *where_params, limit, offset],
+            [*params, *where_params, limit, 0],
         )
         return [(_record(row), float(row[-1])) for row in rows]
 
@@ -1203,13 +1301,13 @@ class SqliteStore:
                 [at, *record_ids],
             )
 
-    async def needing_embedding(self, embedder: str, limit: int, after: int = 0) -> list[Record]:
+    async def needing_embedding(self, embedder: str, limit: int) -> list[Record]:
         """Current records whose vectors are missing or from another embedder, oldest first."""
         rows = await self._queries._fetch(
             f"SELECT {_SELECT}, r.seq FROM records r "
-            "WHERE r.live = 1 AND (r.embedder IS NULL OR r.embedder != ?) AND r.seq > ? "
+            "WHERE r.live = 1 AND (r.embedder IS NULL OR r.embedder != ?) "
             "ORDER BY r.seq LIMIT ?",
-            [embedder, after, limit],
+            [embedder, limit],
         )
         return [_record(row) for row in rows]
 
@@ -1242,10 +1340,6 @@ class SqliteStore:
             for row in rows:
                 yield _record(row)
             after = int(rows[-1][-1])
-
-    async def history(self, record: Record) -> list[Record]:
-        """Records this one replaced (superseded facts, earlier goals), newest first."""
-        return await self.get_many(list(reversed(record.supersedes)))
 
     async def conflicts(self, *, open_only: bool = False) -> list[Conflict]:
         """Conflicts, oldest first (only unresolved ones if asked)."""
@@ -1355,23 +1449,29 @@ class SqliteStore:
         return [str(row[0]) for row in rows]
 
     async def after(
-        self, corpora: Sequence[str], after_seq: int, limit: int, *, current_only: bool = True
-    ) -> list[tuple[int, Record]]:
+        self,
+        corpora: Sequence[str],
+        position: Position | None,
+        limit: int,
+        *,
+        current_only: bool = True,
+    ) -> list[tuple[Position, Record]]:
         """Records of ``corpora`` past a write position, of every scope, in write order:
-        the current ones, or (``current_only`` False) history and archived ones too."""
+        the current ones, or (``current_only`` False) history and archived ones too.
+        A position is a record's ``seq``, as text."""
         live = "AND r.live = 1 " if current_only else ""
         rows = await self._queries._fetch(
             f"SELECT {_SELECT}, r.seq FROM records r WHERE r.seq > ? {live}"
             f"AND r.corpus IN ({_marks(corpora)}) ORDER BY r.seq LIMIT ?",
-            [after_seq, *corpora, limit],
+            [_seq(position), *corpora, limit],
         )
-        return [(int(row[-1]), _record(row)) for row in rows]
+        return [(str(row[-1]), _record(row)) for row in rows]
 
-    async def count_after(self, corpora: Sequence[str], after_seq: int) -> int:
+    async def count_after(self, corpora: Sequence[str], position: Position | None) -> int:
         rows = await self._queries._fetch(
             f"SELECT count(*) FROM records WHERE seq > ? AND live = 1 "
             f"AND corpus IN ({_marks(corpora)})",
-            [after_seq, *corpora],
+            [_seq(position), *corpora],
         )
         return int(rows[0][0])
 
@@ -1422,6 +1522,41 @@ class SqliteStore:
             )
             for row in rows
         }
+
+    async def now(self) -> datetime:
+        """The store's time: SQLite runs in this process, on this machine's clock."""
+        return self._clock()
+
+    async def doctor(self, *, repair: bool = False) -> Diagnosis:
+        from memory_mcp.storage.doctor import diagnose
+
+        return await diagnose(self, repair=repair)
+
+    async def backup(self, target: Path, *, force: bool = False) -> Path:
+        from memory_mcp.storage.doctor import backup
+
+        return await backup(self, target, force=force)
+
+    @asynccontextmanager
+    async def scratch_copy(self) -> AsyncIterator[SqliteStore]:
+        """A copy of the database of this moment in a folder beside it, deleted on exit."""
+        folder = Path(
+            await anyio.to_thread.run_sync(
+                partial(tempfile.mkdtemp, prefix=".dry-run-", dir=self.path.parent)
+            )
+        )
+        try:
+            copy = folder / "memory.db"
+            await self.copy_to(copy)
+            store = await SqliteStore.open(
+                copy, driver=self.driver, busy_timeout_ms=self.busy_timeout_ms, clock=self._clock
+            )
+            try:
+                yield store
+            finally:
+                await store.close()
+        finally:
+            await anyio.to_thread.run_sync(shutil.rmtree, folder)
 
     async def copy_to(self, target: Path) -> None:
         """A consistent copy of the database at ``target`` (SQLite's online backup).
