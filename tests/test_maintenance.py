@@ -31,7 +31,7 @@ from memory_mcp.records import Record, format_time, parse_time
 from memory_mcp.scope import project_scope
 from memory_mcp.service import MemoryService
 from memory_mcp.storage.base import Filters, TaskState
-from memory_mcp.storage.doctor import diagnose
+from memory_mcp.storage.sqlite.doctor import diagnose
 from memory_mcp.write import absorb, prepare
 
 pytestmark = pytest.mark.anyio

@@ -22,7 +22,7 @@ from memory_mcp.config import Settings
 from memory_mcp.embedders.base import FakeEmbedder
 from memory_mcp.server import build_server
 from memory_mcp.service import MemoryService
-from memory_mcp.storage.doctor import diagnose
+from memory_mcp.storage.sqlite.doctor import diagnose
 
 EXAMPLES = 120  # per property; the suite stays well under a minute
 
