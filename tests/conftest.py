@@ -1,4 +1,11 @@
-"""Shared fixtures: real SQLite in tmp_path, a fake embedder, and the real model."""
+"""Shared fixtures: real SQLite in tmp_path, a fake embedder, and the real model.
+
+The storage backend of the whole suite is SQLite in each test's ``tmp_path``
+unless ``--storage-url URL`` (or ``$MEMORY_MCP_TEST_STORAGE_URL``) names another:
+``{id}`` in it becomes a name unique to each test (its own database), and the
+services the fixtures open, the settings fixture and every process a test
+starts (through ``MEMORY_MCP_STORAGE_URL``) use it.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +13,13 @@ import functools
 import os
 import subprocess
 import sys
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from memory_mcp.config import Settings
+from memory_mcp.config import Settings, StorageSettings
 from memory_mcp.embedders.base import FakeEmbedder
 from memory_mcp.embedders.fastembed import FastEmbedEmbedder
 from memory_mcp.service import MemoryService
@@ -20,6 +28,28 @@ REPO = Path(__file__).resolve().parents[1]
 MODEL_ENV = "MEMORY_MCP_EMBEDDER_MODEL_PATH"
 MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 SHARED = REPO.parent / "shared"
+STORAGE_URL_ENV = "MEMORY_MCP_TEST_STORAGE_URL"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--storage-url",
+        default=os.environ.get(STORAGE_URL_ENV, ""),
+        help=f"storage.url of the backend to test (default ${STORAGE_URL_ENV}, else SQLite); "
+        "{id} becomes a name unique to each test",
+    )
+
+
+@pytest.fixture
+def storage_url(request: pytest.FixtureRequest) -> str:
+    """This test's ``storage.url``: empty for SQLite in ``tmp_path`` (the default)."""
+    template = str(request.config.getoption("--storage-url") or "")
+    return template.replace("{id}", uuid.uuid4().hex[:12])
+
+
+def database_in(tmp_path: Path, storage_url: str) -> Path | None:
+    """The SQLite file a fixture opens, or None when another backend is selected."""
+    return None if storage_url else tmp_path / "memory.db"
 
 
 @functools.cache
@@ -70,11 +100,15 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture(autouse=True)
-def _isolated_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _isolated_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, storage_url: str
+) -> None:
     """No test reads the developer's config or writes to their data directory."""
     for name in list(os.environ):
         if name.startswith("MEMORY_MCP_") and name != MODEL_ENV:
             monkeypatch.delenv(name)
+    if storage_url:
+        monkeypatch.setenv("MEMORY_MCP_STORAGE_URL", storage_url)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg-config"))
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg-data"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
@@ -98,15 +132,20 @@ def other_project(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def settings() -> Settings:
-    return Settings()
+def settings(storage_url: str) -> Settings:
+    return Settings(storage=StorageSettings(url=storage_url)) if storage_url else Settings()
 
 
 @pytest.fixture
-async def memory(tmp_path: Path, settings: Settings) -> AsyncIterator[MemoryService]:
+async def memory(
+    tmp_path: Path, settings: Settings, storage_url: str
+) -> AsyncIterator[MemoryService]:
     """A service on a fresh database with the deterministic fake embedder."""
     async with MemoryService.open(
-        settings, database=tmp_path / "memory.db", embedder=FakeEmbedder(), wait_for_embedder=10
+        settings,
+        database=database_in(tmp_path, storage_url),
+        embedder=FakeEmbedder(),
+        wait_for_embedder=10,
     ) as service:
         yield service
 
@@ -121,11 +160,14 @@ def real_embedder() -> FastEmbedEmbedder:
 
 @pytest.fixture
 async def real_memory(
-    tmp_path: Path, settings: Settings, real_embedder: FastEmbedEmbedder
+    tmp_path: Path, settings: Settings, real_embedder: FastEmbedEmbedder, storage_url: str
 ) -> AsyncIterator[MemoryService]:
     """A service on a fresh database with the real model."""
     async with MemoryService.open(
-        settings, database=tmp_path / "memory.db", embedder=real_embedder, wait_for_embedder=60
+        settings,
+        database=database_in(tmp_path, storage_url),
+        embedder=real_embedder,
+        wait_for_embedder=60,
     ) as service:
         yield service
 

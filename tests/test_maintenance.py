@@ -20,7 +20,7 @@ from typing import Any
 import anyio
 import pytest
 
-from conftest import release, start_ready
+from conftest import database_in, release, start_ready
 from memory_mcp import maintenance
 from memory_mcp.config import Settings, WriteSettings
 from memory_mcp.embedders.base import FakeEmbedder
@@ -58,10 +58,12 @@ def clock() -> Clock:
 
 
 @pytest.fixture
-async def memory(tmp_path: Path, settings: Settings, clock: Clock) -> AsyncIterator[MemoryService]:
+async def memory(
+    tmp_path: Path, settings: Settings, clock: Clock, storage_url: str
+) -> AsyncIterator[MemoryService]:
     async with MemoryService.open(
         settings,
-        database=tmp_path / "memory.db",
+        database=database_in(tmp_path, storage_url),
         embedder=FakeEmbedder(),
         clock=clock,
         wait_for_embedder=10,
