@@ -21,7 +21,8 @@ vec0's own k-nearest search answers when there is no copy.
 
 The modules: ``store`` (``SqliteStore``: connections, write lock, store-wide
 reads), ``queries`` (reads shared by the reader and transactions),
-``transaction`` (the writes), ``vectors`` (vec0 tables, rowids, the change log),
+``transaction`` (the writes), ``upkeep`` (reads for maintenance and the inbox),
+``vectors`` (vec0 tables, rowids, the change log),
 ``dense`` (the in-memory copies), ``sql`` (columns, filters, query builders),
 ``driver`` (which SQLite module loads sqlite-vec), ``migrations`` (the schema and
 opening a file), ``doctor`` (checks, repair, backup).
