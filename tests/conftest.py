@@ -1,8 +1,16 @@
-"""Shared fixtures: real SQLite in tmp_path, a fake embedder, and the real model."""
+"""Shared fixtures: real SQLite in tmp_path, a fake embedder, and the real model.
+
+The storage backend of the whole suite is SQLite in each test's ``tmp_path``
+unless ``--storage-url URL`` (or ``$MEMORY_MCP_TEST_STORAGE_URL``) names another:
+``{id}`` in it becomes a name unique to each test (its own database), and the
+services the fixtures open, the settings fixture and every process a test
+starts (through ``MEMORY_MCP_STORAGE_URL``) use it.
+"""
 
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -10,10 +18,27 @@ import pytest
 
 from helpers.model import MODEL_ENV, MODEL_NAME, model_path
 from helpers.processes import Workers
-from memory_mcp.config import Settings
+from helpers.storage import STORAGE_URL_ENV, database_in
+from memory_mcp.config import Settings, StorageSettings
 from memory_mcp.embedders.base import FakeEmbedder
 from memory_mcp.embedders.fastembed import FastEmbedEmbedder
 from memory_mcp.service import MemoryService
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--storage-url",
+        default=os.environ.get(STORAGE_URL_ENV, ""),
+        help=f"storage.url of the backend to test (default ${STORAGE_URL_ENV}, else SQLite); "
+        "{id} becomes a name unique to each test",
+    )
+
+
+@pytest.fixture
+def storage_url(request: pytest.FixtureRequest) -> str:
+    """This test's ``storage.url``: empty for SQLite in ``tmp_path`` (the default)."""
+    template = str(request.config.getoption("--storage-url") or "")
+    return template.replace("{id}", uuid.uuid4().hex[:12])
 
 
 @pytest.fixture
@@ -22,11 +47,15 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture(autouse=True)
-def _isolated_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _isolated_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, storage_url: str
+) -> None:
     """No test reads the developer's config or writes to their data directory."""
     for name in list(os.environ):
         if name.startswith("MEMORY_MCP_") and name != MODEL_ENV:
             monkeypatch.delenv(name)
+    if storage_url:
+        monkeypatch.setenv("MEMORY_MCP_STORAGE_URL", storage_url)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg-config"))
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg-data"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
@@ -50,15 +79,20 @@ def other_project(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def settings() -> Settings:
-    return Settings()
+def settings(storage_url: str) -> Settings:
+    return Settings(storage=StorageSettings(url=storage_url)) if storage_url else Settings()
 
 
 @pytest.fixture
-async def memory(tmp_path: Path, settings: Settings) -> AsyncIterator[MemoryService]:
+async def memory(
+    tmp_path: Path, settings: Settings, storage_url: str
+) -> AsyncIterator[MemoryService]:
     """A service on a fresh database with the deterministic fake embedder."""
     async with MemoryService.open(
-        settings, database=tmp_path / "memory.db", embedder=FakeEmbedder(), wait_for_embedder=10
+        settings,
+        database=database_in(tmp_path, storage_url),
+        embedder=FakeEmbedder(),
+        wait_for_embedder=10,
     ) as service:
         yield service
 
@@ -73,11 +107,14 @@ def real_embedder() -> FastEmbedEmbedder:
 
 @pytest.fixture
 async def real_memory(
-    tmp_path: Path, settings: Settings, real_embedder: FastEmbedEmbedder
+    tmp_path: Path, settings: Settings, real_embedder: FastEmbedEmbedder, storage_url: str
 ) -> AsyncIterator[MemoryService]:
     """A service on a fresh database with the real model."""
     async with MemoryService.open(
-        settings, database=tmp_path / "memory.db", embedder=real_embedder, wait_for_embedder=60
+        settings,
+        database=database_in(tmp_path, storage_url),
+        embedder=real_embedder,
+        wait_for_embedder=60,
     ) as service:
         yield service
 
@@ -91,11 +128,13 @@ def workers() -> Iterator[Workers]:
 
 
 @pytest.fixture
-def env(tmp_path: Path) -> dict[str, str]:
-    """The environment a CLI gives the server: the user's, with this test's data and cache."""
+def env(tmp_path: Path, storage_url: str) -> dict[str, str]:
+    """The environment a CLI gives the server: the user's, with this test's data and cache
+    (and the backend the suite runs on)."""
     return {
         **{k: v for k, v in os.environ.items() if not k.startswith("MEMORY_MCP_")},
         "MEMORY_MCP_DATA_DIR": str(tmp_path / "data"),
         "MEMORY_MCP_EMBEDDER_MODEL_PATH": os.environ.get("MEMORY_MCP_EMBEDDER_MODEL_PATH", ""),
         "XDG_CACHE_HOME": str(tmp_path / "cache"),
+        **({"MEMORY_MCP_STORAGE_URL": storage_url} if storage_url else {}),
     }

@@ -274,10 +274,8 @@ async def test_the_sql_prior_is_the_rankers_prior(memory: MemoryService, project
     await seed(memory, project, facts=60, journal=5)
     await memory.store("Always pin versions: a bug bit us", kind="gotcha", cwd=project)
     key = str(project_root(project))
-    julian = NOW.timestamp() / 86400 + 2440587.5
-    order, params = ranker.sql_prior(memory.ranking, julian)
-    rows = await memory.db.ordered(
-        Filters(scope_keys=(key,), corpora=("facts", "docs", "journal")), order, params, 1000
+    rows = await memory.db.top_by_prior(
+        Filters(scope_keys=(key,), corpora=("facts", "docs", "journal")), memory.ranking, NOW, 1000
     )
     assert len(rows) > 60
     for record, value in rows:

@@ -20,6 +20,7 @@ import anyio
 import pytest
 
 from helpers.processes import Workers, release
+from helpers.storage import database_in
 from helpers.waiting import eventually
 from memory_mcp import maintenance
 from memory_mcp.config import Settings, WriteSettings
@@ -31,7 +32,7 @@ from memory_mcp.records import Record, format_time, parse_time
 from memory_mcp.scope import project_scope
 from memory_mcp.service import MemoryService
 from memory_mcp.storage.base import Filters, TaskState
-from memory_mcp.storage.doctor import diagnose
+from memory_mcp.storage.sqlite.doctor import diagnose
 from memory_mcp.write import absorb, prepare
 
 pytestmark = pytest.mark.anyio
@@ -58,10 +59,12 @@ def clock() -> Clock:
 
 
 @pytest.fixture
-async def memory(tmp_path: Path, settings: Settings, clock: Clock) -> AsyncIterator[MemoryService]:
+async def memory(
+    tmp_path: Path, settings: Settings, clock: Clock, storage_url: str
+) -> AsyncIterator[MemoryService]:
     async with MemoryService.open(
         settings,
-        database=tmp_path / "memory.db",
+        database=database_in(tmp_path, storage_url),
         embedder=FakeEmbedder(),
         clock=clock,
         wait_for_embedder=10,

@@ -55,9 +55,6 @@ def guidance() -> str:
     return ""
 
 
-_JULIAN_UNIX_EPOCH = 2440587.5
-
-
 def estimate_tokens(text: str) -> int:
     """The brief's token estimate: characters / 4, rounded up."""
     return math.ceil(len(text) / 4)
@@ -114,16 +111,14 @@ async def top_by_prior(
 ) -> list[Record]:
     """The ``count`` current records with the highest prior, best first (ties by id).
 
-    SQLite computes the prior of every candidate (``ranker.sql_prior``, the same
-    formula) and returns the best few; they are re-ranked with ``ranker.prior``
-    itself, so floating-point differences between the two cannot change the order.
+    The store computes the prior of every candidate its own way and returns the
+    best few; they are re-ranked with ``ranker.prior`` itself, so floating-point
+    differences between the two cannot change the order.
     """
     if count <= 0:
         return []
     config = memory.ranking
-    julian = now.timestamp() / 86400 + _JULIAN_UNIX_EPOCH
-    order, params = ranker.sql_prior(config, julian)
-    rows = await memory.db.ordered(filters, order, params, 2 * count + 10)
+    rows = await memory.db.top_by_prior(filters, config, now, 2 * count + 10)
     ranked = sorted(rows, key=lambda row: (-ranker.prior(row[0], now, config), row[0].id))
     return [record for record, _ in ranked[:count]]
 

@@ -278,6 +278,15 @@ class RankingSettings(_Section):
 
 
 class StorageSettings(_Section):
+    url: Annotated[
+        str,
+        Meta(
+            description=(
+                "Where the memories are stored: empty for the SQLite file in data_dir, "
+                "sqlite:///path/to/memory.db for another SQLite file."
+            )
+        ),
+    ] = ""
     driver: Annotated[
         Literal["auto", "sqlite3", "sqlean", "pysqlite3"],
         Meta(
@@ -507,9 +516,12 @@ class Settings(_Section):
     maintenance: MaintenanceSettings = msgspec.field(default_factory=MaintenanceSettings)
 
     def database_path(self, env: Mapping[str, str] | None = None) -> Path:
-        """Where the SQLite database lives (for a process with environment ``env``)."""
+        """Where the SQLite database lives (for a process with environment ``env``):
+        the file a ``sqlite:///`` ``storage.url`` names, else memory.db in ``data_dir``."""
+        from memory_mcp.storage.factory import sqlite_path
+
         base = Path(self.data_dir).expanduser() if self.data_dir else dirs.data_dir(env)
-        return base / "memory.db"
+        return sqlite_path(self.storage.url.strip(), base / "memory.db")
 
 
 # Sections a project's own config file may set (it travels with the repository).

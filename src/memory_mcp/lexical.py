@@ -1,6 +1,7 @@
-"""Words: tokenizing, stop words, stemming and FTS5 queries.
+"""Words: tokenizing, stop words and stemming.
 
-The same tokenizer feeds the FTS5 query builder (search) and the fold
+The same tokenizer feeds the lexical search (each backend builds its query from
+``query_terms``) and the fold
 decision's word-level evidence, so both see one notion of "a word". FTS5
 stems with its own Porter tokenizer; ``stem`` is the same algorithm, for the
 comparisons done in Python.
@@ -53,16 +54,6 @@ def query_terms(text: str) -> list[str]:
     """The words a search for ``text`` matches on: its content words, once each."""
     terms = content_words(text) or words(text)
     return list(dict.fromkeys(terms))[:_MAX_QUERY_TERMS]
-
-
-def fts_query(text: str | list[str]) -> str:
-    """An FTS5 MATCH expression: any of the text's ``query_terms`` (or these), quoted.
-
-    Quoting every term makes FTS5 syntax in user text (``AND``, ``NEAR``, ``*``,
-    ``:``, quotes, parentheses) plain words.
-    """
-    terms = query_terms(text) if isinstance(text, str) else text
-    return " OR ".join(f'"{term}"' for term in terms)
 
 
 # Porter stemmer (M. F. Porter, 1980), the algorithm FTS5's "porter" tokenizer uses.

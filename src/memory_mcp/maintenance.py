@@ -37,15 +37,12 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import shutil
 import socket
-import tempfile
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -62,8 +59,7 @@ from memory_mcp.records import CORPORA, Conflict, Record, format_time, parse_tim
 from memory_mcp.scope import Scope, project_scope
 from memory_mcp.secret_scan import FINGERPRINT, redact, redact_record
 from memory_mcp.service import MemoryService
-from memory_mcp.storage.base import Filters, TaskState, Vector
-from memory_mcp.storage.sqlite import SqliteStore
+from memory_mcp.storage.base import Filters, Position, TaskState, Vector
 from memory_mcp.write import absorb, clean_text, neighbours, new_id, prepare
 
 log = logging.getLogger(__name__)
@@ -190,7 +186,7 @@ class Maintenance:
 
     async def _run_one(self, name: str, *, due_only: bool) -> TaskReport:
         now = self.memory.clock()
-        if not self.dry_run and not await self._claim(name, now):
+        if not self.dry_run and not await self._claim(name, await self.db.now()):
             return TaskReport(name, skipped="another process is running it")
         # Read under the lease: another process may have run it a moment ago.
         state = (await self.db.tasks()).get(name) or TaskState(task=name)
@@ -198,7 +194,7 @@ class Maintenance:
             await self._release(name)
             return TaskReport(name, skipped=why)
         self._task, self._cursor = name, dict(state.cursor)
-        self._renewed = now
+        self._renewed = await self.db.now()
         self._say(name)
         work: Callable[[], Awaitable[TaskReport]] = getattr(self, f"_{name}")
         try:
@@ -236,6 +232,7 @@ class Maintenance:
                 await tx.release(task, self.holder)
 
     async def _claim(self, task: str, now: datetime) -> bool:
+        """Take ``task``'s lease from ``now``, the store's time (``Store.now``)."""
         until = now + timedelta(seconds=self.settings.lease_seconds)
         async with self.db.write() as tx:
             return await tx.claim(task, self.holder, format_time(now), format_time(until))
@@ -244,7 +241,7 @@ class Maintenance:
         """Extend the running task's lease and save its cursor; raise if it was lost."""
         if self.dry_run:
             return
-        now = self.memory.clock()
+        now = await self.db.now()
         until = now + timedelta(seconds=self.settings.lease_seconds)
         async with self.db.write() as tx:
             kept = await tx.claim(
@@ -256,7 +253,7 @@ class Maintenance:
 
     async def _keep_lease(self) -> None:
         """Renew the lease if a third of it has gone by (before a slow LLM call)."""
-        elapsed = (self.memory.clock() - self._renewed).total_seconds()
+        elapsed = (await self.db.now() - self._renewed).total_seconds()
         if elapsed > self.settings.lease_seconds / 3:
             await self._renew()
 
@@ -281,7 +278,7 @@ class Maintenance:
         if self._cursor.get("rules") == FINGERPRINT:
             return TaskReport("secrets")
         resuming = self._cursor.get("scanning") == FINGERPRINT
-        mark = int(self._cursor.get("seq", 0)) if resuming else 0
+        mark = _position(self._cursor) if resuming else None
         scanned, changed = 0, 0
         kinds: Counter[str] = Counter()
         while batch := await self.db.after(CORPORA, mark, _BATCH, current_only=False):
@@ -351,7 +348,7 @@ class Maintenance:
             return TaskReport("consolidate", skipped="maintenance.consolidate is off")
         identity = self._dense()
         self.db.forget_word_counts()  # fresh, as on a dry run's copy: the same candidates
-        mark = int(self._cursor.get("seq", 0)) if self._cursor.get("embedder") == identity else 0
+        mark = _position(self._cursor) if self._cursor.get("embedder") == identity else None
         counts: Counter[str] = Counter()
         compared = 0
         while True:
@@ -633,26 +630,15 @@ async def dry_run(
     memory: MemoryService, tasks: Sequence[str] = TASKS, *, progress: Progress | None = None
 ) -> list[TaskReport]:
     """What ``run`` would do now: the same tasks on a copy of the database, thrown away."""
-    folder = Path(
-        await anyio.to_thread.run_sync(
-            partial(tempfile.mkdtemp, prefix=".dry-run-", dir=memory.db.path.parent)
-        )
-    )
-    copy = folder / "memory.db"
-    try:
-        await memory.db.copy_to(copy)
-        store = await SqliteStore.open(
-            copy,
-            driver=memory.settings.storage.driver,
-            busy_timeout_ms=memory.settings.storage.busy_timeout_ms,
-        )
-        try:
-            shadow = MemoryService(memory.settings, store, memory.embeddings, clock=memory.clock)
-            return await Maintenance(shadow, dry_run=True, progress=progress).run(tasks)
-        finally:
-            await store.close()
-    finally:
-        await anyio.to_thread.run_sync(shutil.rmtree, folder)
+    async with memory.db.scratch_copy() as store:
+        shadow = MemoryService(memory.settings, store, memory.embeddings, clock=memory.clock)
+        return await Maintenance(shadow, dry_run=True, progress=progress).run(tasks)
+
+
+def _position(cursor: dict[str, Any]) -> Position | None:
+    """Where a task's walk over the records stopped (the store's opaque position)."""
+    seq = cursor.get("seq")
+    return None if seq is None else str(seq)
 
 
 def _join(similarity: Matrix, threshold: float, most: int) -> list[int]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 
-MAX_PASSAGES = 64  # whole text + up to 63 windows; vec0 rowids are seq * 64 + index
+MAX_PASSAGES = 64  # whole text + up to 63 windows: the most vectors a backend keeps for a record
 _MIN_WINDOW = 60  # characters: shorter sentences join their neighbours
 _MAX_WINDOW = 600  # characters: well inside 256 tokens
 _SENTENCE_END = re.compile(r"(?<=[.!?;])\s+|\n+")

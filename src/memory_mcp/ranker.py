@@ -20,11 +20,10 @@ disuse lower a record, they never erase it.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from datetime import datetime
 
-from memory_mcp.records import Record, parse_time
+from memory_mcp.records import Record, emphasis, parse_time
 
 KIND_IMPORTANCE: dict[str, float] = {
     "goal": 0.9,
@@ -40,11 +39,6 @@ KIND_IMPORTANCE: dict[str, float] = {
 }
 RECENCY_FLOOR = 0.35  # R0
 REINFORCEMENT_FLOOR = 0.8  # F0
-_EMPHATIC = re.compile(
-    r"\b(?:never|always|must|decided|decision|deadline|bug|breaking|critical|important|"
-    r"security|warning|do not|don't|careful)\b",
-    re.IGNORECASE,
-)
 
 
 # Kinds whose records are meant to last; they age on the longer half-life.
@@ -60,11 +54,6 @@ class RankerConfig:
     def half_life(self, kind: str) -> float:
         """The half-life, in days, of a record of this kind."""
         return self.durable_half_life_days if kind in DURABLE_KINDS else self.half_life_days
-
-
-def emphasis(text: str) -> int:
-    """How many emphatic words (never, always, must, bug, ...) the text has, at most 3."""
-    return min(3, len(_EMPHATIC.findall(text)))
 
 
 def importance(record: Record) -> float:
@@ -100,29 +89,3 @@ def score(relevance: float, prior_value: float, config: RankerConfig) -> float:
     """The ranked score of a hit: relevance blended with the prior."""
     w = config.prior_weight
     return (1 - w) * relevance + w * prior_value
-
-
-def sql_prior(config: RankerConfig, now_julian: float) -> tuple[str, list[object]]:
-    """``prior`` as an SQL expression over ``records r`` (with its parameters).
-
-    The same formula as ``prior``, term for term, reading the emphasis count
-    stored with each record (``emphasis``), so the spawn brief can take the top
-    records by prior from SQLite without reading every record into Python.
-    ``now_julian`` is the current time as a julian day number.
-    """
-    kinds = " ".join(f"WHEN '{kind}' THEN {value}" for kind, value in KIND_IMPORTANCE.items())
-    importance = (
-        f"COALESCE(r.importance, MIN(1.0, (CASE r.kind {kinds} ELSE 0.5 END) + 0.1 * r.emphasis))"
-    )
-    durable = ", ".join(f"'{kind}'" for kind in sorted(DURABLE_KINDS))
-    age = "MAX(0.0, ? - julianday(r.created_at))"
-    half_life = f"(CASE WHEN r.kind IN ({durable}) THEN ? ELSE ? END)"
-    decay = f"exp(-0.6931471805599453 * {age} / {half_life})"
-    recency = (
-        f"(CASE WHEN r.pinned THEN 1.0 ELSE {RECENCY_FLOOR} + {1 - RECENCY_FLOOR} * {decay} END)"
-    )
-    signal = "(r.fold_count + r.access_count / 2.0)"
-    reinforcement = f"(1.0 - 1.0 / (1.0 + {signal} / 3.0))"
-    boost = f"({REINFORCEMENT_FLOOR} + {1 - REINFORCEMENT_FLOOR} * {reinforcement})"
-    params: list[object] = [now_julian, config.durable_half_life_days, config.half_life_days]
-    return f"{importance} * {recency} * {boost}", params

@@ -111,6 +111,41 @@ def content_hash(text: str) -> str:
     return hashlib.sha256(normalized_text(text).encode("utf-8")).hexdigest()[:32]
 
 
+_EMPHATIC = re.compile(
+    r"\b(?:never|always|must|decided|decision|deadline|bug|breaking|critical|important|"
+    r"security|warning|do not|don't|careful)\b",
+    re.IGNORECASE,
+)
+
+
+def emphasis(text: str) -> int:
+    """How many emphatic words (never, always, must, bug, ...) the text has, at most 3."""
+    return min(3, len(_EMPHATIC.findall(text)))
+
+
+def merged_text(record: Record) -> str:
+    """The texts a record absorbed by folds, one a line (searched with its own text)."""
+    return "\n".join(m.content for m in record.merged_from)
+
+
+@dataclass(frozen=True)
+class Derived:
+    """What a backend stores beside a record, computed from it (one place for every backend).
+
+    ``content_hash`` finds exact repeats, ``merged_text`` makes folded texts findable,
+    ``emphasis`` lets a backend compute ``ranker.prior`` without reading the text.
+    """
+
+    content_hash: str
+    merged_text: str
+    emphasis: int
+
+
+def derived(record: Record) -> Derived:
+    """The derived columns of ``record``."""
+    return Derived(content_hash(record.content), merged_text(record), emphasis(record.content))
+
+
 @dataclass
 class MergedEntry:
     """A record absorbed by a fold: its id and text, kept for audit and undo."""

@@ -37,8 +37,7 @@ from memory_mcp.embedders.base import normalize_rows
 from memory_mcp.lexical import stems
 from memory_mcp.records import Hit, Record
 from memory_mcp.secret_scan import redact_text
-from memory_mcp.storage.base import Around, Filters, Vector
-from memory_mcp.storage.sqlite import SqliteStore
+from memory_mcp.storage.base import Around, Filters, Store, Vector
 
 
 @dataclass(frozen=True)
@@ -81,7 +80,7 @@ class Candidates:
 
 
 async def candidates(
-    store: SqliteStore,
+    store: Store,
     query: str,
     query_vector: Vector | None,
     embedder: str | None,
@@ -126,7 +125,7 @@ def _lexical(found: Candidates, rid: str, top_bm25: float) -> float:
 
 
 async def read_around(
-    store: SqliteStore,
+    store: Store,
     found: Candidates,
     query_vector: Vector | None,
     embedder: str | None,
@@ -308,7 +307,7 @@ def shown_record(record: Record) -> Record:
 
 
 async def hybrid(
-    store: SqliteStore,
+    store: Store,
     query: str,
     query_vector: Vector | None,
     embedder: str | None,

@@ -50,8 +50,8 @@ from memory_mcp.search import (
     shown,
     shown_record,
 )
-from memory_mcp.storage.base import Filters, StoreStats, TaskState, Vector
-from memory_mcp.storage.sqlite import SqliteStore
+from memory_mcp.storage.base import Filters, Store, StoreStats, TaskState, Vector
+from memory_mcp.storage.factory import open_store
 from memory_mcp.write import Draft, apply, clean_text, prepare
 
 log = logging.getLogger(__name__)
@@ -100,9 +100,10 @@ class ReembedSummary:
 class Status:
     """What ``memory-mcp status`` shows."""
 
-    database: Path
+    backend: str  # which storage backend (sqlite)
+    database: str  # where: its file, or its URL without credentials
     database_bytes: int
-    driver: str
+    driver: str  # how the backend runs
     vectors: bool
     embedder: EmbedderStatus
     awaiting_embedding: int
@@ -117,7 +118,7 @@ class MemoryService:
     def __init__(
         self,
         settings: Settings,
-        store: SqliteStore,
+        store: Store,
         embeddings: Embeddings,
         *,
         clock: Clock = utcnow,
@@ -184,12 +185,7 @@ class MemoryService:
         if isinstance(settings, LoadedSettings):
             sources = settings.sources
             settings = settings.settings
-        path = database or settings.database_path()
-        store = await SqliteStore.open(
-            path,
-            driver=settings.storage.driver,
-            busy_timeout_ms=settings.storage.busy_timeout_ms,
-        )
+        store = await open_store(settings, database=database, clock=clock)
         try:
             embeddings = Embeddings(
                 settings.embedder,
@@ -202,7 +198,7 @@ class MemoryService:
             else:
                 embeddings.start({}, load=load_embedder, probe=probe_network)
                 if embedder is None:
-                    log.warning("vectors are off: %s", store.driver.note)
+                    log.warning("vectors are off: %s", store.details)
             if wait_for_embedder > 0:
                 await embeddings.wait_settled(wait_for_embedder)
             yield cls(settings, store, embeddings, clock=clock, sources=sources)
@@ -744,9 +740,10 @@ class MemoryService:
         stats = await self.db.stats()
         identity = self.embeddings.identity
         return Status(
-            database=self.db.path,
+            backend=self.db.backend,
+            database=self.db.location,
             database_bytes=stats.database_bytes,
-            driver=self.db.driver.describe(),
+            driver=self.db.details,
             vectors=self.db.vectors_available,
             embedder=self.embeddings.status(),
             awaiting_embedding=await self.db.count_needing_embedding(identity),

@@ -15,8 +15,8 @@ from helpers.processes import Workers, release
 from memory_mcp.config import Settings
 from memory_mcp.embedders.base import FakeEmbedder
 from memory_mcp.service import MemoryService
-from memory_mcp.storage.doctor import diagnose
 from memory_mcp.storage.sqlite import SqliteStore
+from memory_mcp.storage.sqlite.doctor import diagnose
 
 pytestmark = pytest.mark.anyio
 

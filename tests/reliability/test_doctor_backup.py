@@ -13,8 +13,9 @@ from memory_mcp.config import Settings
 from memory_mcp.embedders.base import FakeEmbedder
 from memory_mcp.errors import InvalidInput
 from memory_mcp.service import MemoryService
-from memory_mcp.storage.doctor import backup, diagnose
-from memory_mcp.storage.sqlite import SqliteStore, _rowids
+from memory_mcp.storage.sqlite import SqliteStore
+from memory_mcp.storage.sqlite.doctor import backup, diagnose
+from memory_mcp.storage.sqlite.vectors import rowids_of
 
 pytestmark = pytest.mark.anyio
 
@@ -37,7 +38,7 @@ async def test_a_full_text_index_that_lost_a_row_is_rebuilt(
 ) -> None:
     stored = await memory.store("The staging database is reset every Sunday", cwd=project)
     async with memory.db.write() as tx:  # the index forgets the record behind its back
-        await tx._exec(
+        await tx.execute(
             "INSERT INTO records_fts (records_fts, rowid, content, merged_text, tags) "
             "SELECT 'delete', seq, content, merged_text, tags FROM records WHERE id = ?",
             [stored.id],
@@ -60,13 +61,13 @@ async def test_missing_and_orphan_vectors_are_repaired_and_re_embedded(
     assert identity is not None
     table = (await memory.db.stats()).vector_indexes[0][0]
     async with memory.db.write() as tx:
-        seq = (await tx._fetch("SELECT seq FROM records WHERE id = ?", [broken.id]))[0][0]
-        await tx._exec(f"DELETE FROM {table} WHERE rowid = ?", [_rowids(seq, 1)[0]])
-        await tx._exec(  # a vector whose record is gone
+        seq = (await tx.fetch("SELECT seq FROM records WHERE id = ?", [broken.id]))[0][0]
+        await tx.execute(f"DELETE FROM {table} WHERE rowid = ?", [rowids_of(seq, 1)[0]])
+        await tx.execute(  # a vector whose record is gone
             f"INSERT INTO {table} (rowid, scope_key, corpus, kind, embedding) "
             "SELECT ?, scope_key, corpus, kind, embedding FROM "
             f"{table} WHERE rowid = ?",
-            [_rowids(9999, 1)[0], _rowids(seq - 1, 1)[0]],
+            [rowids_of(9999, 1)[0], rowids_of(seq - 1, 1)[0]],
         )
     found = await diagnose(memory.db)
     [issues] = problems(found).values()
@@ -127,7 +128,7 @@ async def test_a_backup_does_not_wait_for_an_open_write_nor_copy_it(
     async with memory.db.write() as tx:  # a writer is in the middle of a transaction
         pending = await memory.db.get(kept.id)
         assert pending is not None
-        await tx._exec("UPDATE records SET content = 'uncommitted' WHERE id = ?", [kept.id])
+        await tx.execute("UPDATE records SET content = 'uncommitted' WHERE id = ?", [kept.id])
         with anyio.fail_after(30):
             copy = await backup(memory.db, tmp_path / "during.db")
     store = await SqliteStore.open(copy)

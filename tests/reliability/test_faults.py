@@ -9,7 +9,7 @@ import pytest
 from memory_mcp.config import Settings
 from memory_mcp.errors import StorageError
 from memory_mcp.service import MemoryService, StoreRequest
-from memory_mcp.storage.doctor import diagnose
+from memory_mcp.storage.sqlite.doctor import diagnose
 
 pytestmark = pytest.mark.anyio
 

@@ -21,7 +21,7 @@ from helpers.tools import in_process
 from memory_mcp.config import Settings
 from memory_mcp.embedders.base import FakeEmbedder
 from memory_mcp.service import MemoryService
-from memory_mcp.storage.doctor import diagnose
+from memory_mcp.storage.sqlite.doctor import diagnose
 
 EXAMPLES = 120  # per property; the suite stays well under a minute
 
@@ -206,7 +206,7 @@ def test_every_tool_answers_hostile_arguments_without_crashing(tmp_path: Path) -
 @settings(max_examples=EXAMPLES * 2, deadline=None, database=None, derandomize=True)
 @given(query=hostile_text)
 def test_search_strings_never_reach_fts5_as_syntax(query: str) -> None:
-    from memory_mcp.lexical import fts_query
+    from memory_mcp.storage.sqlite import fts_query
 
     expression = fts_query(query)
     conn = sqlite3.connect(":memory:")

@@ -16,9 +16,9 @@ from memory_mcp.config import Settings
 from memory_mcp.embedders.base import FakeEmbedder
 from memory_mcp.service import MemoryService
 from memory_mcp.storage.base import Filters
-from memory_mcp.storage.doctor import diagnose
-from memory_mcp.storage.migrations import MIGRATIONS
 from memory_mcp.storage.sqlite import SqliteStore
+from memory_mcp.storage.sqlite.doctor import diagnose
+from memory_mcp.storage.sqlite.migrations import MIGRATIONS
 
 pytestmark = pytest.mark.anyio
 
@@ -68,8 +68,7 @@ async def test_the_first_schema_migrates_with_every_record_and_field(tmp_path: P
         Settings(), database=database, embedder=EMBEDDER, wait_for_embedder=10
     ) as memory:
         applied = [
-            name
-            for (name,) in await memory.db._queries._fetch("SELECT name FROM schema_migrations")
+            name for (name,) in await memory.db.reads.fetch("SELECT name FROM schema_migrations")
         ]
         assert applied == [m.name for m in MIGRATIONS]
         now = {r.id: r.to_json() async for r in memory.db.iter_records()}

@@ -28,8 +28,8 @@ from helpers.processes import wait_for_go
 from memory_mcp.config import Settings
 from memory_mcp.embedders.base import FakeEmbedder
 from memory_mcp.service import MemoryService
-from memory_mcp.storage.driver import choose_driver
-from memory_mcp.storage.migrations import MIGRATIONS, Migration, migrate
+from memory_mcp.storage.sqlite.driver import choose_driver
+from memory_mcp.storage.sqlite.migrations import MIGRATIONS, Migration, migrate
 
 # Facts every soak process stores, each in wordings that fold into one record.
 SHARED = [  # rewordings (folded by comparison), and repeats (folded by their normal form)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from memory_mcp.storage.dense import _Segment
+from memory_mcp.storage.sqlite.dense import _Segment
 
 
 def _rows(rowids: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from memory_mcp.storage.driver import choose_driver
+from memory_mcp.storage.sqlite.driver import choose_driver
 
 
 def test_auto_finds_a_driver_with_vectors_and_fts5() -> None:
@@ -36,7 +36,7 @@ def test_forcing_a_driver_that_cannot_load_extensions_falls_back_to_no_vectors()
 def test_exp_is_there_for_the_ranker_even_without_math_functions() -> None:
     import sqlite3
 
-    from memory_mcp.storage.driver import _ensure_exp
+    from memory_mcp.storage.sqlite.driver import _ensure_exp
 
     class NoMath:
         """A connection whose SQL has no exp(), as some SQLite builds."""

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from memory_mcp.errors import SchemaTooNew, StorageError
-from memory_mcp.storage.driver import choose_driver
-from memory_mcp.storage.migrations import MIGRATIONS, Migration, applied_migrations, migrate
 from memory_mcp.storage.sqlite import SqliteStore
+from memory_mcp.storage.sqlite.driver import choose_driver
+from memory_mcp.storage.sqlite.migrations import MIGRATIONS, Migration, applied_migrations, migrate
 
 pytestmark = pytest.mark.anyio
 
@@ -122,7 +122,7 @@ def test_the_error_classes_cover_every_sqlite_module() -> None:
 
     import sqlean
 
-    from memory_mcp.storage.driver import OPERATIONAL_ERRORS
+    from memory_mcp.storage.sqlite.driver import OPERATIONAL_ERRORS
 
     assert sqlite3.OperationalError in OPERATIONAL_ERRORS
     assert sqlean.dbapi2.OperationalError in OPERATIONAL_ERRORS

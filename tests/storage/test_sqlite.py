@@ -9,9 +9,8 @@ import numpy as np
 import pytest
 
 from memory_mcp.records import Record, format_time, utcnow
-from memory_mcp.storage import dense
 from memory_mcp.storage.base import Filters
-from memory_mcp.storage.sqlite import SqliteStore
+from memory_mcp.storage.sqlite import SqliteStore, dense
 from memory_mcp.write import new_id
 
 pytestmark = pytest.mark.anyio
@@ -48,14 +47,14 @@ async def test_fts_follows_inserts_updates_and_deletes(tmp_path: Path) -> None:
             await tx.insert(r, None)
         assert [s.record.id for s in await store.lexical("staging reset", FILTERS, 5)] == [r.id]
         async with store.write() as tx:
-            await tx._exec(
+            await tx.execute(
                 "UPDATE records SET content = 'Production is frozen on Fridays' WHERE id = ?",
                 [r.id],
             )
         assert await store.lexical("staging", FILTERS, 5) == []
         assert [s.record.id for s in await store.lexical("frozen fridays", FILTERS, 5)] == [r.id]
         async with store.write() as tx:
-            await tx._exec("DELETE FROM records WHERE id = ?", [r.id])
+            await tx.execute("DELETE FROM records WHERE id = ?", [r.id])
         assert await store.lexical("frozen", FILTERS, 5) == []
     finally:
         await store.close()
@@ -236,12 +235,12 @@ async def test_vectors_follow_reembeds_folds_and_deletes_without_touching_others
         assert await store.dense_scores(unit(1, 0, 0), "m", [a.id]) == {}
 
         async with store.write() as tx:  # a hard delete (the purge) takes its vectors along
-            await tx._exec("DELETE FROM records WHERE id = ?", [b.id])
+            await tx.execute("DELETE FROM records WHERE id = ?", [b.id])
         assert await index_rows() == 1
         hits = await store.nearest(unit(1, 0, 0), "m", Filters(("/other",), ("facts",)), 5)
         assert [h.record.id for h in hits] == [elsewhere.id]
         async with store.write() as tx:
-            assert await tx._fetch("SELECT count(*) FROM retired_vectors") == [(0,)]
+            assert await tx.fetch("SELECT count(*) FROM retired_vectors") == [(0,)]
     finally:
         await store.close()
 
@@ -250,43 +249,43 @@ async def query_plan(tmp_path: Path, sql: str, params: list[object]) -> list[str
     """The steps of SQLite's plan for ``sql`` on a fresh store."""
     store = await SqliteStore.open(tmp_path / "plan.db")
     try:
-        plan = await store._queries._fetch("EXPLAIN QUERY PLAN " + sql, params)
+        plan = await store.reads.fetch("EXPLAIN QUERY PLAN " + sql, params)
     finally:
         await store.close()
     return [str(row[-1]) for row in plan]
 
 
 async def test_a_time_bound_keeps_the_full_text_match_as_the_outer_loop(tmp_path: Path) -> None:
-    from memory_mcp.storage.sqlite import _lexical_sql, _where
+    from memory_mcp.storage.sqlite.sql import filters_sql, lexical_sql
 
-    where, params = _where(Filters(("k",), ("facts",), since="2000-01-01T00:00:00.000000Z"))
-    steps = await query_plan(tmp_path, _lexical_sql(where), ["word", *params, 10])
+    where, params = filters_sql(Filters(("k",), ("facts",), since="2000-01-01T00:00:00.000000Z"))
+    steps = await query_plan(tmp_path, lexical_sql(where), ["word", *params, 10])
     assert "records_fts" in steps[0], steps
 
 
 async def test_the_exact_repeat_check_looks_the_hash_up_in_its_index(tmp_path: Path) -> None:
-    from memory_mcp.storage.sqlite import _hash_sql, _where
+    from memory_mcp.storage.sqlite.sql import filters_sql, hash_sql
 
-    where, params = _where(FILTERS)
-    steps = await query_plan(tmp_path, _hash_sql(where), ["h", *params])
+    where, params = filters_sql(FILTERS)
+    steps = await query_plan(tmp_path, hash_sql(where), ["h", *params])
     assert any("records_hash" in step and "content_hash=?" in step for step in steps), steps
 
 
 async def test_records_found_by_vector_are_read_by_rowid(tmp_path: Path) -> None:
-    from memory_mcp.storage.sqlite import _by_seq_sql, _where
+    from memory_mcp.storage.sqlite.sql import by_seq_sql, filters_sql
 
     tagged = Filters(scope_keys=("/repo",), corpora=("facts",), tags=("rare",))
     for filters in (FILTERS, tagged):
-        where, params = _where(filters)
-        steps = await query_plan(tmp_path, _by_seq_sql([1, 2, 3], where), [1, 2, 3, *params])
+        where, params = filters_sql(filters)
+        steps = await query_plan(tmp_path, by_seq_sql([1, 2, 3], where), [1, 2, 3, *params])
         assert "INTEGER PRIMARY KEY" in steps[0], steps
 
 
 async def test_vector_slots_are_found_by_record_id(tmp_path: Path) -> None:
-    from memory_mcp.storage.sqlite import _slots_sql
+    from memory_mcp.storage.sqlite.sql import slots_sql
 
     ids = [f"f_{i}" for i in range(60)]  # from 30 on, SQLite preferred records_embedder
-    steps = await query_plan(tmp_path, _slots_sql(ids), [*ids, "m"])
+    steps = await query_plan(tmp_path, slots_sql(ids), [*ids, "m"])
     assert "(id=?)" in steps[0] and "records_embedder" not in steps[0], steps
 
 
@@ -399,7 +398,7 @@ async def test_an_unknown_vec0_layout_falls_back_to_vec0_searches(
 
 
 async def test_the_change_log_is_pruned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from memory_mcp.storage import dense
+    from memory_mcp.storage.sqlite import dense
 
     monkeypatch.setattr(dense, "KEEP_CHANGES", 10)
     store = await SqliteStore.open(tmp_path / "m.db")
@@ -407,7 +406,7 @@ async def test_the_change_log_is_pruned(tmp_path: Path, monkeypatch: pytest.Monk
         async with store.write() as tx:
             for i in range(1005):
                 await tx.insert(record(f"fact {i}", embedder="m"), unit(1, i, 0)[None, :])
-            rows = await tx._fetch("SELECT count(*), min(id) FROM vector_changes")
+            rows = await tx.fetch("SELECT count(*), min(id) FROM vector_changes")
         assert rows == [(15, 991)]
     finally:
         await store.close()
@@ -416,9 +415,9 @@ async def test_the_change_log_is_pruned(tmp_path: Path, monkeypatch: pytest.Monk
 async def test_the_write_path_matches_on_a_memorys_rarest_words(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from memory_mcp.storage import sqlite
+    from memory_mcp.storage.sqlite import queries
 
-    monkeypatch.setattr(sqlite, "_RARE_TERMS", 3)
+    monkeypatch.setattr(queries, "_RARE_TERMS", 3)
     store = await SqliteStore.open(tmp_path / "m.db")
     try:
         common = [record(f"run the tests before a release, note {i}") for i in range(30)]
@@ -427,11 +426,11 @@ async def test_the_write_path_matches_on_a_memorys_rarest_words(
             for r in [*common, twin]:
                 await tx.insert(r, None)
         text = "billing adapter retries webhooks; run the tests before a release"
-        terms = await store._queries._rarest(sqlite.query_terms(text))
+        terms = await store.reads._rarest(queries.query_terms(text))
         assert set(terms) == {"billing", "adapter", "retries"}  # three, none of the common
-        hits = await store._queries.lexical(text, FILTERS, 5, rare_words=True)
+        hits = await store.reads.lexical(text, FILTERS, 5, rare_words=True)
         assert [h.record.id for h in hits] == [twin.id]
-        everything = await store._queries.lexical(text, FILTERS, 50)
+        everything = await store.reads.lexical(text, FILTERS, 50)
         assert len(everything) == 31  # a search still matches on every word
     finally:
         await store.close()
@@ -446,7 +445,7 @@ async def test_a_write_during_a_scope_load_leaves_the_copy_on(tmp_path: Path) ->
         async with writer.write() as tx:
             for i, r in enumerate(rows):
                 await tx.insert(r, unit(1, i, 0)[None, :])
-        fetch = reader._queries._fetch
+        fetch = reader.reads.fetch
         spoiled = False
 
         async def fetch_with_a_write_between(sql: str, params: object = ()) -> list[object]:
@@ -457,7 +456,7 @@ async def test_a_write_during_a_scope_load_leaves_the_copy_on(tmp_path: Path) ->
                     await tx.archive(rows[-1].id, "gone", format_time(utcnow()))
             return await fetch(sql, params)  # type: ignore[arg-type]
 
-        reader._queries._fetch = fetch_with_a_write_between  # type: ignore[method-assign]
+        reader.reads.fetch = fetch_with_a_write_between  # type: ignore[method-assign]
         hits = await reader.nearest(unit(0, 1, 0), "m", FILTERS, 5)
         assert spoiled and rows[-1].id not in [h.record.id for h in hits]
         assert [h.record.id for h in hits] == [r.id for r in reversed(rows[:-1])]
@@ -470,9 +469,9 @@ async def test_a_write_during_a_scope_load_leaves_the_copy_on(tmp_path: Path) ->
 async def test_a_filter_few_records_pass_is_applied_to_the_rows_at_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from memory_mcp.storage import sqlite
+    from memory_mcp.storage.sqlite import queries
 
-    monkeypatch.setattr(sqlite, "_KNN_MAX", 64)
+    monkeypatch.setattr(queries, "_KNN_MAX", 64)
     store = await SqliteStore.open(tmp_path / "m.db")
     try:
         rows = [record(f"fact {i}", embedder="m") for i in range(300)]

@@ -23,7 +23,7 @@ STATES = ("current", "history", "archived")
 
 
 def status(cwd: CwdOption = None, as_json: JsonOption = False) -> None:
-    """Show the database, SQLite driver, embedder (effective / configured / degraded), counts."""
+    """Show the storage backend and its size, the embedder (effective / configured), counts."""
 
     async def use(memory: MemoryService) -> Status:
         return await memory.status()
@@ -45,8 +45,9 @@ def status(cwd: CwdOption = None, as_json: JsonOption = False) -> None:
         print_json(data)
         return
     e = info.embedder
-    out.print(f"database        {info.database} ({info.database_bytes / 1e6:.1f} MB)")
-    out.print(f"sqlite driver   {info.driver}")
+    size = info.database_bytes / 1e6
+    out.print(f"storage         {info.backend}: {info.database} ({size:.1f} MB)")
+    out.print(f"driver          {info.driver}")
     effective = e.effective if e.effective != "bm25" else "bm25 (lexical floor, no vectors)"
     out.print(f"embedder        {effective}  [configured: {e.configured}, state: {e.state}]")
     if e.identity and e.identity != e.effective:

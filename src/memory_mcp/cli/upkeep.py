@@ -245,10 +245,9 @@ def doctor(
     as_json: JsonOption = False,
 ) -> None:
     """Check the database: SQLite's integrity, the full-text and vector indexes, conflicts."""
-    from memory_mcp.storage.doctor import diagnose
 
     async def use(memory: MemoryService) -> Any:
-        return await diagnose(memory.db, repair=repair)
+        return await memory.db.doctor(repair=repair)
 
     found = with_memory(cwd, use, embeds=False)
     if as_json:
@@ -273,10 +272,9 @@ def backup(
     as_json: JsonOption = False,
 ) -> None:
     """Copy the database while servers keep writing (a consistent, owner-only copy)."""
-    from memory_mcp.storage.doctor import backup as copy
 
     async def use(memory: MemoryService) -> Path:
-        return await copy(memory.db, path.expanduser(), force=force)
+        return await memory.db.backup(path.expanduser(), force=force)
 
     written = with_memory(cwd, use, embeds=False)
     size = written.stat().st_size

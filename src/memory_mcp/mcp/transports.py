@@ -173,7 +173,7 @@ async def serve(
                 group.start_soon(maintenance.loop, memory)
             server = build_server(memory)
             if transport == "stdio":
-                log.info("serving MCP over stdio (%s)", memory.db.path)
+                log.info("serving MCP over stdio (%s)", memory.db.location)
                 await server.run_stdio_async()
             else:
                 assert listener is not None
@@ -279,7 +279,7 @@ async def _serve_http(
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets=sockets)
             if self.started and ready is not None:
-                ready(f"serving MCP over {transport} at {url} ({memory.db.path})")
+                ready(f"serving MCP over {transport} at {url} ({memory.db.location})")
 
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:

@@ -1,25 +1,37 @@
 """The storage seam: what the engine needs from a database.
 
-``SqliteStore`` is the implementation; a Postgres + pgvector backend for teams
-is planned behind the same two protocols. Writes happen inside ``write()``, a
-transaction that holds the store's write lock across processes, so that the
-fold decision and the write it leads to are atomic.
+Every module above ``storage/`` is typed against ``Store`` and
+``WriteTransaction`` and imports no backend; ``storage.open_store`` picks the
+backend from ``storage.url``. ``storage/sqlite/`` is the one there is; a
+Postgres + pgvector backend for teams is planned behind the same two protocols,
+and ``tests/storage/test_contract.py`` says what any backend must do.
+
+Writes happen inside ``write()``, a transaction that holds the store's write
+lock across processes, so that the fold decision and the write it leads to are
+atomic. Nothing crosses the seam in a backend's language: the engine passes
+text (not a query syntax), filters, and opaque positions (``Position``) that
+only the store that handed them out reads.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
-from memory_mcp.records import Corpus, MergedEntry, Record
+from memory_mcp.ranker import RankerConfig
+from memory_mcp.records import Conflict, Corpus, MergedEntry, Record
 
 if TYPE_CHECKING:  # numpy loads only where vectors are made or scored
     import numpy as np
     import numpy.typing as npt
 
 Vector: TypeAlias = "npt.NDArray[np.float32]"
+# Where a walk over the records in write order stopped: made by the store, only read by it.
+Position: TypeAlias = str
 
 
 @dataclass(frozen=True)
@@ -78,20 +90,217 @@ class TaskState:
     cursor: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class Check:
+    """One of ``doctor``'s checks: what it found, and what a repair did."""
+
+    name: str
+    problems: list[str] = field(default_factory=list)
+    repaired: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "ok": self.ok,
+            "problems": self.problems,
+            "repaired": self.repaired,
+        }
+
+
+@dataclass
+class Diagnosis:
+    """What ``doctor`` found: its checks, in order."""
+
+    checks: list[Check]
+
+    @property
+    def healthy(self) -> bool:
+        """Nothing wrong, or everything wrong was repaired."""
+        return all(c.ok or c.repaired for c in self.checks)
+
+    def to_json(self) -> dict[str, object]:
+        return {"healthy": self.healthy, "checks": [c.to_json() for c in self.checks]}
+
+
+# Search branches -----------------------------------------------------------------------
+
+
 class Neighbours(Protocol):
     """The reads that find a record's nearest records (the write path and the sweep)."""
 
     async def nearest(
         self, vector: Vector, embedder: str, filters: Filters, k: int
-    ) -> list[Scored]: ...
+    ) -> list[Scored]:
+        """Current records nearest ``vector`` (best passage), filters applied before ``k``."""
+        ...
 
     async def lexical(
         self, text: str, filters: Filters, k: int, *, rare_words: bool = False
-    ) -> list[Scored]: ...
+    ) -> list[Scored]:
+        """Current records matching any word of ``text`` (plain text: the backend builds
+        its own query), best first; ``rare_words`` matches on the text's rarest words."""
+        ...
 
     async def dense_scores(
         self, vector: Vector, embedder: str, record_ids: Sequence[str]
-    ) -> dict[str, float]: ...
+    ) -> dict[str, float]:
+        """The best passage cosine of each of these records with ``vector``."""
+        ...
+
+
+class SearchBranches(Neighbours, Protocol):
+    """What a search reads besides the two branches' candidates."""
+
+    async def in_conversation(
+        self, record_ids: Sequence[str], within_seconds: float, embedder: str
+    ) -> dict[str, Around]:
+        """Each record's whole-text vector, with its neighbours in time."""
+        ...
+
+    async def vectors_of(self, record_id: str, embedder: str) -> Vector | None:
+        """A current record's passage vectors from ``embedder`` (whole text first)."""
+        ...
+
+    async def load_vectors(self, embedder: str, scope_keys: Collection[str]) -> None:
+        """Warm whatever the backend keeps to answer ``nearest`` for these scopes."""
+        ...
+
+    def forget_word_counts(self) -> None:
+        """Drop any cached word statistics (``rare_words``)."""
+        ...
+
+    async def record_access(self, record_ids: Sequence[str], at: str) -> None:
+        """Count returned hits as accesses (ranking and staleness read these)."""
+        ...
+
+
+# Record reads --------------------------------------------------------------------------
+
+
+class RecordReads(Protocol):
+    """Records by id, by filters, by prior and in write order."""
+
+    async def get(self, record_id: str) -> Record | None: ...
+
+    async def get_many(self, record_ids: Sequence[str]) -> list[Record]:
+        """The records that exist of these ids, in the order asked."""
+        ...
+
+    async def current(self, filters: Filters, limit: int) -> list[Record]:
+        """Current records matching ``filters``, newest first."""
+        ...
+
+    async def top_by_prior(
+        self, filters: Filters, ranking: RankerConfig, now: datetime, limit: int
+    ) -> list[tuple[Record, float]]:
+        """The ``limit`` current records with the highest ``ranker.prior``, with it,
+        highest first (ties by id). Each backend computes the prior its own way;
+        the contract suite holds it to ``ranker.prior``."""
+        ...
+
+    def iter_records(self, *, batch: int = 500) -> AsyncIterator[Record]:
+        """Every record, archived and history included, in write order."""
+        ...
+
+    async def after(
+        self,
+        corpora: Sequence[str],
+        position: Position | None,
+        limit: int,
+        *,
+        current_only: bool = True,
+    ) -> list[tuple[Position, Record]]:
+        """Records of ``corpora`` past ``position`` (None: from the start), in write
+        order, each with its own position: current ones, or with history and archived."""
+        ...
+
+    async def count_after(self, corpora: Sequence[str], position: Position | None) -> int:
+        """How many current records of ``corpora`` are past ``position``."""
+        ...
+
+    async def archived(
+        self,
+        scope_keys: Sequence[str] = (),
+        *,
+        reason: str | None = None,
+        before: str | None = None,
+        limit: int = 100,
+    ) -> list[Record]:
+        """Archived records, most recently archived first."""
+        ...
+
+    async def scope_keys(self) -> list[str]:
+        """Every scope key that has current records."""
+        ...
+
+    async def project_activity(self) -> dict[str, str]:
+        """Each project scope's last activity: its newest write, access or restore."""
+        ...
+
+    async def unused_facts(self, scope_key: str, created_before: str, limit: int) -> list[Record]:
+        """Current facts of a scope never returned by a search, older than a time, not pinned."""
+        ...
+
+    async def unarchived(self, scope_key: str, limit: int) -> list[str]:
+        """Ids of a scope's records not archived (current ones and history)."""
+        ...
+
+    async def count_unarchived(self, scope_key: str) -> int: ...
+
+
+# Embedding queue -----------------------------------------------------------------------
+
+
+class EmbeddingQueue(Protocol):
+    """Records awaiting vectors from the current embedder."""
+
+    async def needing_embedding(self, embedder: str, limit: int) -> list[Record]:
+        """Current records whose vectors are missing or from another embedder, oldest first."""
+        ...
+
+    async def count_needing_embedding(self, embedder: str | None) -> int: ...
+
+    async def dense_embedders(self) -> dict[str, int]:
+        """Embedders that have vectors in this store, with their record counts."""
+        ...
+
+
+# Conflicts -----------------------------------------------------------------------------
+
+
+class ConflictReads(Protocol):
+    """The operator's inbox of contradicting records."""
+
+    async def conflicts(self, *, open_only: bool = False) -> list[Conflict]: ...
+
+    async def open_conflicts_of(self, record_ids: Sequence[str]) -> list[Conflict]: ...
+
+    async def conflict(self, conflict_id: int) -> Conflict | None: ...
+
+    async def conflict_between(self, a: str, b: str) -> bool:
+        """Whether two records were ever flagged as a conflict (open or resolved)."""
+        ...
+
+
+# Leases --------------------------------------------------------------------------------
+
+
+class Leases(Protocol):
+    """Maintenance tasks' state, and the one clock their leases are measured by."""
+
+    async def tasks(self) -> dict[str, TaskState]: ...
+
+    async def now(self) -> datetime:
+        """The store's time: every process measures leases by it, so that a machine
+        whose clock is off cannot take a lease that is not free."""
+        ...
+
+
+# The transaction -----------------------------------------------------------------------
 
 
 class WriteTransaction(Neighbours, Protocol):
@@ -101,7 +310,11 @@ class WriteTransaction(Neighbours, Protocol):
 
     async def current(self, filters: Filters, limit: int) -> list[Record]: ...
 
+    async def get(self, record_id: str) -> Record | None: ...
+
     async def insert(self, record: Record, vectors: Vector | None) -> None: ...
+
+    async def insert_raw(self, record: Record) -> bool: ...
 
     async def fold_into(self, old: Record, new_id: str, entry: MergedEntry, at: str) -> None: ...
 
@@ -111,56 +324,81 @@ class WriteTransaction(Neighbours, Protocol):
 
     async def archive(self, record_id: str, reason: str, at: str) -> bool: ...
 
-    async def add_conflict(
-        self, scope_key: str, record_id: str, other_id: str, reason: str, at: str
-    ) -> int: ...
+    async def update_merged(self, record: Record, at: str) -> bool: ...
 
-    async def insert_raw(self, record: Record) -> bool: ...
+    async def set_content(self, record: Record, at: str) -> bool: ...
+
+    async def rewrite_texts(self, record: Record) -> bool: ...
 
     async def set_vectors(self, items: Sequence[tuple[Record, Vector]], embedder: str) -> int: ...
-
-    async def get(self, record_id: str) -> Record | None: ...
-
-    async def update_merged(self, record: Record, at: str) -> bool: ...
 
     async def restore(self, record_id: str, at: str) -> Record | None: ...
 
     async def purge(self, record_ids: Sequence[str], archived_before: str, at: str) -> int: ...
 
+    # conflicts
+    async def add_conflict(
+        self, scope_key: str, record_id: str, other_id: str, reason: str, at: str
+    ) -> int: ...
+
+    async def import_conflict(self, conflict: Conflict) -> bool: ...
+
     async def resolve_conflict(self, conflict_id: int, resolution: str, at: str) -> bool: ...
 
+    # leases
+    async def claim(
+        self, task: str, holder: str, now: str, until: str, cursor: dict[str, Any] | None = None
+    ) -> bool:
+        """Take, keep or renew ``task``'s lease until ``until``; False if another holds it."""
+        ...
 
-class Store(Protocol):
-    """A memory store."""
+    async def release(self, task: str, holder: str) -> None: ...
+
+    async def finish(self, state: TaskState, holder: str) -> bool: ...
+
+
+# Admin and the whole store -------------------------------------------------------------
+
+
+class Admin(Protocol):
+    """What the store is, where, and keeping it healthy."""
 
     @property
-    def description(self) -> str: ...
+    def backend(self) -> str:
+        """The backend's name (``sqlite``)."""
+        ...
+
+    @property
+    def location(self) -> str:
+        """Where the data is (a file, or a URL without credentials)."""
+        ...
+
+    @property
+    def details(self) -> str:
+        """How the backend runs (driver, extensions), for ``status``."""
+        ...
 
     @property
     def vectors_available(self) -> bool: ...
 
     def write(self) -> AbstractAsyncContextManager[WriteTransaction]: ...
 
-    async def lexical(
-        self, text: str, filters: Filters, k: int, *, rare_words: bool = False
-    ) -> list[Scored]: ...
-
-    async def nearest(
-        self, vector: Vector, embedder: str, filters: Filters, k: int
-    ) -> list[Scored]: ...
-
-    async def get(self, record_id: str) -> Record | None: ...
-
-    async def get_many(self, record_ids: Sequence[str]) -> list[Record]: ...
-
-    async def record_access(self, record_ids: Sequence[str], at: str) -> None: ...
-
-    async def needing_embedding(self, embedder: str, limit: int) -> list[Record]: ...
-
-    async def dense_embedders(self) -> dict[str, int]: ...
-
-    def iter_records(self, *, batch: int = 500) -> AsyncIterator[Record]: ...
-
     async def stats(self) -> StoreStats: ...
 
+    async def doctor(self, *, repair: bool = False) -> Diagnosis:
+        """Check the indexes against the records; with ``repair``, rebuild what disagrees."""
+        ...
+
+    async def backup(self, target: Path, *, force: bool = False) -> Path:
+        """A consistent copy while writers go on (``target`` may be a folder); its path."""
+        ...
+
+    def scratch_copy(self) -> AbstractAsyncContextManager[Store]:
+        """A copy of the store of this moment, opened, thrown away on exit (a dry run)."""
+        ...
+
     async def close(self) -> None: ...
+
+
+class Store(RecordReads, SearchBranches, EmbeddingQueue, ConflictReads, Leases, Admin, Protocol):
+    """A memory store: everything the engine asks of a database."""

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Literal
 
+import anyio
+
 log = logging.getLogger(__name__)
 
 DriverName = Literal["auto", "sqlite3", "sqlean", "pysqlite3"]
@@ -152,3 +154,12 @@ def _error_classes(name: str) -> tuple[type[Exception], ...]:
 OPERATIONAL_ERRORS = _error_classes("OperationalError")
 DATABASE_ERRORS = _error_classes("DatabaseError")
 ERRORS = _error_classes("Error")
+
+
+_DRIVERS: dict[str, Driver] = {}
+
+
+async def cached_driver(preference: DriverName) -> Driver:
+    if preference not in _DRIVERS:
+        _DRIVERS[preference] = await anyio.to_thread.run_sync(choose_driver, preference)
+    return _DRIVERS[preference]

@@ -14,51 +14,19 @@ of other processes catch up.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from memory_mcp.errors import InvalidInput, StorageError
 from memory_mcp.records import format_time, utcnow
-from memory_mcp.storage.driver import DATABASE_ERRORS
-from memory_mcp.storage.sqlite import SqliteStore, _log_change, _owner, _rowids
+from memory_mcp.storage.base import Check, Diagnosis
+from memory_mcp.storage.sqlite.driver import DATABASE_ERRORS
+from memory_mcp.storage.sqlite.vectors import owner_of, rowids_of
 
-
-@dataclass
-class Check:
-    """One check: what it found, and what a repair did."""
-
-    name: str
-    problems: list[str] = field(default_factory=list)
-    repaired: bool = False
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "name": self.name,
-            "ok": self.ok,
-            "problems": self.problems,
-            "repaired": self.repaired,
-        }
-
-
-@dataclass
-class Diagnosis:
-    checks: list[Check]
-
-    @property
-    def healthy(self) -> bool:
-        """Nothing wrong, or everything wrong was repaired."""
-        return all(c.ok or c.repaired for c in self.checks)
-
-    def to_json(self) -> dict[str, object]:
-        return {"healthy": self.healthy, "checks": [c.to_json() for c in self.checks]}
-
+if TYPE_CHECKING:  # the store calls these; importing it back would be a circle
+    from memory_mcp.storage.sqlite.store import SqliteStore
 
 _SHOWN = 20  # problems listed per check; the count says the rest
 
@@ -105,7 +73,7 @@ async def _full_text(store: SqliteStore, repair: bool, found: list[str]) -> Chec
     check = Check("full-text index", problems=list(found))
     try:
         async with store.write() as tx:
-            await tx._exec(
+            await tx.execute(
                 "INSERT INTO records_fts (records_fts, rank) VALUES ('integrity-check', 1)"
             )
     except DATABASE_ERRORS as exc:  # SQLITE_CORRUPT: busy, read-only, full are not this
@@ -113,7 +81,7 @@ async def _full_text(store: SqliteStore, repair: bool, found: list[str]) -> Chec
             check.problems.append(f"the full-text index disagrees with the records ({exc})")
     if check.problems and repair:
         async with store.write() as tx:
-            await tx._exec("INSERT INTO records_fts (records_fts) VALUES ('rebuild')")
+            await tx.execute("INSERT INTO records_fts (records_fts) VALUES ('rebuild')")
         check.repaired = True
     return check
 
@@ -121,9 +89,9 @@ async def _full_text(store: SqliteStore, repair: bool, found: list[str]) -> Chec
 async def _vectors(store: SqliteStore, repair: bool) -> list[Check]:
     """Each vector table against the records that claim vectors in it."""
     checks = []
-    tables = await store._queries._fetch("SELECT table_name, embedder FROM vector_indexes")
+    tables = await store.reads.fetch("SELECT table_name, embedder FROM vector_indexes")
     known = {str(embedder) for _, embedder in tables}
-    claims = await store._queries._fetch(
+    claims = await store.reads.fetch(
         "SELECT embedder, count(*) FROM records WHERE embedder IS NOT NULL GROUP BY embedder"
     )
     for embedder, count in claims:
@@ -134,7 +102,7 @@ async def _vectors(store: SqliteStore, repair: bool) -> list[Check]:
             )
             if repair:
                 async with store.write() as tx:
-                    await tx._exec(
+                    await tx.execute(
                         "UPDATE records SET embedder = NULL, vec_rows = 0 WHERE embedder = ?",
                         [embedder],
                     )
@@ -149,25 +117,21 @@ async def _vectors(store: SqliteStore, repair: bool) -> list[Check]:
 
 async def _vector_table(store: SqliteStore, table: str, embedder: str, repair: bool) -> Check:
     check = Check(f"vectors of {embedder}")
-    reader = store._reader
-    await reader.execute("BEGIN")  # one snapshot for both reads (WAL: writers go on)
-    try:
-        actual = {int(r[0]) for r in await reader.execute_fetchall(f"SELECT rowid FROM {table}")}
+    async with store.reads.snapshot():  # one moment for both reads
+        actual = {int(r[0]) for r in await store.reads.fetch(f"SELECT rowid FROM {table}")}
         claims = [
             tuple(row)
-            for row in await reader.execute_fetchall(
+            for row in await store.reads.fetch(
                 "SELECT seq, id, vec_rows, live FROM records WHERE embedder = ?", [embedder]
             )
         ]
-    finally:
-        await reader.execute("COMMIT")
     short, orphans = _disagreements(actual, claims)
     for seq, record_id in short[:_SHOWN]:
         check.problems.append(f"record {record_id} (seq {seq}) lacks vectors it claims")
     if len(short) > _SHOWN:
         check.problems.append(f"... and {len(short) - _SHOWN} more records like it")
     if orphans:
-        owners = sorted({_owner(r) for r in orphans})
+        owners = sorted({owner_of(r) for r in orphans})
         check.problems.append(
             f"{len(orphans)} vectors belong to no current record (seq {owners[0]}"
             + (f" and {len(owners) - 1} more)" if len(owners) > 1 else ")")
@@ -175,8 +139,8 @@ async def _vector_table(store: SqliteStore, table: str, embedder: str, repair: b
     if check.problems and repair:
         held: dict[int, set[int]] = {}
         for rowid in actual:
-            held.setdefault(_owner(rowid), set()).add(rowid)
-        seqs = sorted({seq for seq, _ in short} | {_owner(r) for r in orphans})
+            held.setdefault(owner_of(rowid), set()).add(rowid)
+        seqs = sorted({seq for seq, _ in short} | {owner_of(r) for r in orphans})
         await _repair_vectors(store, table, embedder, seqs, held)
         check.repaired = True
     return check
@@ -189,7 +153,7 @@ def _disagreements(
     expected: set[int] = set()
     short: list[tuple[int, str]] = []
     for seq, record_id, count, live in claims:
-        rowids = _rowids(int(seq), int(count))
+        rowids = rowids_of(int(seq), int(count))
         if not live:
             short.append((int(seq), str(record_id)))  # vectors on a record that is not current
             continue
@@ -209,34 +173,32 @@ async def _repair_vectors(
     """
     async with store.write() as tx:
         for seq in seqs:
-            rows = await tx._fetch(
+            rows = await tx.fetch(
                 "SELECT seq, id, vec_rows, live, embedder FROM records WHERE seq = ?", [seq]
             )
             claims = [row[:4] for row in rows if row[4] == embedder]
             vec_rows = int(claims[0][2]) if claims else 0
-            candidates = held.get(seq, set()) | set(_rowids(seq, vec_rows))
+            candidates = held.get(seq, set()) | set(rowids_of(seq, vec_rows))
             present = {
                 r
                 for r in candidates
-                if await tx._fetch(f"SELECT 1 FROM {table} WHERE rowid = ?", [r])
+                if await tx.fetch(f"SELECT 1 FROM {table} WHERE rowid = ?", [r])
             }
             short, orphans = _disagreements(present, claims)
             doomed = sorted(present) if short else orphans
-            await tx._conn.executemany(
-                f"DELETE FROM {table} WHERE rowid = ?", [(r,) for r in doomed]
-            )
+            await tx.execute_many(f"DELETE FROM {table} WHERE rowid = ?", [(r,) for r in doomed])
             if short:
-                await tx._exec(
+                await tx.execute(
                     "UPDATE records SET embedder = NULL, vec_rows = 0 WHERE seq = ?", [seq]
                 )
             if doomed or short:
-                await _log_change(tx._conn, embedder, seq)
+                await tx.log_change(embedder, seq)
 
 
 async def _conflicts(store: SqliteStore, repair: bool) -> Check:
     """Open conflicts whose records are gone."""
     check = Check("conflicts")
-    rows = await store._queries._fetch(
+    rows = await store.reads.fetch(
         "SELECT id FROM conflicts WHERE resolved_at IS NULL "
         "AND (NOT EXISTS (SELECT 1 FROM records WHERE id = conflicts.record_id) "
         "OR NOT EXISTS (SELECT 1 FROM records WHERE id = conflicts.other_id))"
@@ -245,7 +207,7 @@ async def _conflicts(store: SqliteStore, repair: bool) -> Check:
         check.problems.append(f"{len(rows)} open conflicts name a record that no longer exists")
         if repair:
             async with store.write() as tx:
-                await tx._exec(
+                await tx.execute(
                     "UPDATE conflicts SET resolved_at = ?, resolution = 'purged' "
                     f"WHERE id IN ({', '.join('?' * len(rows))})",
                     [format_time(utcnow()), *(int(r[0]) for r in rows)],
@@ -268,7 +230,7 @@ async def backup(store: SqliteStore, target: Path, *, force: bool = False) -> Pa
     target, partial = await anyio.to_thread.run_sync(_backup_paths, target, force, store.path)
     try:
         await store.copy_to(partial)
-        copy = await SqliteStore.open(partial, driver=store.driver, vector_copy=False)
+        copy = await type(store).open(partial, driver=store.driver, vector_copy=False)
         try:
             found = await _integrity(copy)
         finally:

@@ -18,12 +18,19 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from memory_mcp.errors import SchemaTooNew, StorageError
 from memory_mcp.records import format_time, utcnow
+from memory_mcp.storage.sqlite.driver import (
+    DATABASE_ERRORS,
+    ERRORS,
+    OPERATIONAL_ERRORS,
+    Driver,
+)
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +172,7 @@ def _m002_emphasis(conn: sqlite3.Connection) -> None:
     The index of current records by scope and corpus also carries every column
     the prior reads, so the spawn brief ranks 50,000 facts from the index alone.
     """
-    from memory_mcp.ranker import emphasis
+    from memory_mcp.records import emphasis
 
     conn.execute("ALTER TABLE records ADD COLUMN emphasis INTEGER NOT NULL DEFAULT 0")
     conn.execute("DROP INDEX records_live")
@@ -182,7 +189,7 @@ def _m002_emphasis(conn: sqlite3.Connection) -> None:
 
 M003_VECTOR_CHANGES = """
 -- Every write or delete of a record's vectors, so that the in-memory copies of
--- the vector tables (storage/dense.py) in every process can catch up.
+-- the vector tables (storage/sqlite/dense.py) in every process can catch up.
 CREATE TABLE vector_changes (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     embedder TEXT NOT NULL,
@@ -334,3 +341,52 @@ def copy_database(
         os.replace(partial, target)
     finally:
         partial.unlink(missing_ok=True)
+
+
+def journal_wal(conn: sqlite3.Connection, busy_timeout_ms: int) -> str:
+    """Switch to WAL, retrying while another process holds the lock.
+
+    SQLite can answer "database is locked" to this pragma at once, without its
+    busy handler, when several processes open a new database together.
+    """
+    deadline = time.monotonic() + busy_timeout_ms / 1000
+    while True:
+        try:
+            return str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
+        except OPERATIONAL_ERRORS as exc:
+            locked = "locked" in str(exc) or "busy" in str(exc)
+            if not locked or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def prepare_file(path: Path, driver: Driver, busy_timeout_ms: int) -> None:
+    """Create the directory and file owner-only, switch to WAL, and migrate."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if not path.exists():
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            os.close(fd)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise StorageError(f"cannot create the database at {path}: {exc}") from exc
+
+    def connect(target: str) -> sqlite3.Connection:
+        return driver.connect(target, busy_timeout_ms=busy_timeout_ms)
+
+    try:
+        conn = connect(str(path))
+    except ERRORS as exc:
+        raise StorageError(f"cannot open the database at {path}: {exc}") from exc
+    try:
+        mode = journal_wal(conn, busy_timeout_ms)
+        if str(mode).lower() != "wal":
+            log.warning("the database at %s is in %s mode, not WAL", path, mode)
+        applied = migrate(conn, db_path=path, connect=connect)
+        if applied:
+            log.info("applied migrations: %s", ", ".join(applied))
+    except DATABASE_ERRORS as exc:
+        raise StorageError(f"cannot use the database at {path}: {exc}") from exc
+    finally:
+        conn.close()

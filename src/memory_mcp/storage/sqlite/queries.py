@@ -1,0 +1,364 @@
+"""Read queries, shared by the reader connection and write transactions."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Collection, Sequence
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import aiosqlite
+
+from memory_mcp.lexical import query_terms, stem
+from memory_mcp.passages import MAX_PASSAGES
+from memory_mcp.records import Record
+from memory_mcp.storage.base import Around, Filters, Scored, Vector
+from memory_mcp.storage.sqlite.driver import OPERATIONAL_ERRORS
+from memory_mcp.storage.sqlite.sql import (
+    SELECT,
+    by_seq_sql,
+    filters_sql,
+    fts_query,
+    hash_sql,
+    lexical_sql,
+    marks,
+    record_of,
+    slots_sql,
+    storage_error,
+)
+from memory_mcp.storage.sqlite.vectors import owner_of, rowids_of, to_blob
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+    from memory_mcp.storage.sqlite.store import SqliteStore
+
+log = logging.getLogger(__name__)
+
+
+# sqlite-vec's largest k; past as many rows, the in-memory search stops
+# deepening and masks the rows of the records that pass the filters instead.
+_KNN_MAX = 4096
+# Rows asked for per wanted record, doubled while filters reject: vec0's
+# k-nearest search costs grow with k as much as with the rows scanned (10.6 ms
+# at k=240 vs 4.6 ms at k=60 over 3,650 vectors), and each round of the
+# in-memory search reads its records.
+_FIRST_DEPTH = 2
+# The write path looks for lexical candidates with a memory's rarest words: its
+# common ones matched most of a 50,000-memory project (92 ms of a store).
+_RARE_TERMS = 8
+_RARE_POSTINGS = 5_000
+_COUNTS_TTL = 600.0  # seconds a word's record count is reused
+_COUNTS_MAX = 100_000  # words remembered at most
+
+
+class Queries:
+    """Read queries shared by the reader connection and write transactions."""
+
+    def __init__(self, conn: aiosqlite.Connection, store: SqliteStore) -> None:
+        self._conn = conn
+        self._store = store
+
+    async def fetch(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        """The rows of one query."""
+        try:
+            return list(await self._conn.execute_fetchall(sql, params))
+        except OPERATIONAL_ERRORS as exc:
+            raise storage_error(exc) from exc
+
+    @asynccontextmanager
+    async def snapshot(self) -> AsyncIterator[None]:
+        """Several reads of one moment (on the reader: WAL lets writers go on)."""
+        await self._conn.execute("BEGIN")
+        try:
+            yield
+        finally:
+            await self._conn.execute("COMMIT")
+
+    async def lexical(
+        self, text: str, filters: Filters, k: int, *, rare_words: bool = False
+    ) -> list[Scored]:
+        """Records matching words of ``text``, best BM25 first.
+
+        ``rare_words`` matches on the text's rarest words only (``_rarest``):
+        what the write path wants from a whole memory, whose common words
+        match most of a project.
+        """
+        terms = query_terms(text)
+        if rare_words and len(terms) > 2:
+            terms = await self._rarest(terms)
+        if not terms or not filters.scope_keys:
+            return []
+        where, params = filters_sql(filters)
+        rows = await self.fetch(lexical_sql(where), [fts_query(terms), *params, k])
+        return [Scored(record_of(row), -float(row[-1])) for row in rows]
+
+    async def _rarest(self, terms: list[str]) -> list[str]:
+        """The rarest of ``terms`` by the number of records that hold them (FTS5's vocabulary).
+
+        Up to ``_RARE_TERMS`` words, fewer once they match ``_RARE_POSTINGS``
+        records together (at least two). Words the vocabulary does not know
+        match nothing, cost nothing, and stay. The counts need not be exact:
+        they are remembered for ``_COUNTS_TTL`` seconds.
+        """
+        stems = {term: stem(term) for term in terms}
+        held = await self._store._document_counts(set(stems.values()))
+        kept = [t for t in terms if stems[t] not in held]
+        known = sorted((t for t in terms if stems[t] in held), key=lambda t: held[stems[t]])
+        total = 0
+        for count, term in enumerate(known):
+            if count >= _RARE_TERMS or (count >= 2 and total + held[stems[term]] > _RARE_POSTINGS):
+                break
+            kept.append(term)
+            total += held[stems[term]]
+        return kept
+
+    async def nearest(
+        self, vector: Vector, embedder: str, filters: Filters, k: int
+    ) -> list[Scored]:
+        """The ``k`` records nearest to ``vector``, best first.
+
+        A record's similarity is the best cosine of its passages. Scope, corpus
+        and kind filter the rows scored; filters the vectors do not carry (tags,
+        time, excluded ids) are applied to a deepening list of the best rows, so
+        that they act before the limit. Stopping once ``k`` records pass loses
+        nothing: a record's first row in the list is its best passage.
+
+        The rows come from the in-memory copy of the vector table (``dense``),
+        or from vec0's own k-nearest search when there is none.
+        """
+        import numpy as np
+
+        table = await self._store._vector_table(self._conn, embedder)
+        if table is None or not filters.scope_keys:
+            return []
+        ranked = await self._store._rank(table, embedder, vector, filters)
+        if ranked is None:
+            return await self._nearest_vec0(table, vector, filters, k)
+        rowids, sims = await self._with_own_writes(table, embedder, vector, filters, *ranked)
+        where, params = filters_sql(filters)
+        depth = max(k * _FIRST_DEPTH, 32)
+        while True:
+            top = np.argpartition(-sims, depth)[:depth] if depth < len(sims) else None
+            chosen = slice(None) if top is None else top
+            best: dict[int, float] = {}
+            for rowid, similarity in zip(
+                rowids[chosen].tolist(), sims[chosen].tolist(), strict=True
+            ):
+                seq = owner_of(rowid)
+                best[seq] = max(best.get(seq, -1.0), similarity)
+            scored = await self._records_by_seq(best, filters)
+            if len(scored) >= k or top is None:
+                scored.sort(key=lambda s: -s.score)
+                return scored[:k]
+            depth *= 2
+            if depth > _KNN_MAX:  # a selective filter: keep the rows of records that pass it
+                passing = await self.fetch(f"SELECT r.seq FROM records r WHERE {where}", params)
+                keep = np.isin(
+                    rowids // MAX_PASSAGES, np.fromiter((p[0] for p in passing), np.int64)
+                )
+                rowids, sims = rowids[keep], sims[keep]
+
+    async def _with_own_writes(
+        self,
+        table: str,
+        embedder: str,
+        vector: Vector,
+        filters: Filters,
+        rowids: npt.NDArray[np.int64],
+        sims: Vector,
+    ) -> tuple[npt.NDArray[np.int64], Vector]:
+        """The in-memory copy's rows, with this transaction's own writes in place.
+
+        The copy holds committed vectors only; records whose vectors this
+        transaction wrote (a batch of stores) are read from vec0 instead.
+        """
+        import numpy as np
+
+        own = self._own_writes()
+        if not own:
+            return rowids, sims
+        where, params = filters_sql(filters)
+        slots = await self.fetch(
+            f"SELECT r.seq, r.vec_rows FROM records r NOT INDEXED WHERE r.seq IN ({marks(own)}) "
+            f"AND r.embedder = ? AND r.vec_rows > 0 AND {where}",
+            [*own, embedder, *params],
+        )
+        mine = await self._cosines_vec0(
+            table, vector, [r for seq, n in slots for r in rowids_of(int(seq), int(n))]
+        )
+        keep = ~np.isin(rowids // MAX_PASSAGES, np.fromiter(own, np.int64))
+        return (
+            np.concatenate([rowids[keep], np.fromiter(mine, np.int64, len(mine))]),
+            np.concatenate([sims[keep], np.fromiter(mine.values(), np.float32, len(mine))]),
+        )
+
+    async def _nearest_vec0(
+        self, table: str, vector: Vector, filters: Filters, k: int
+    ) -> list[Scored]:
+        """``nearest`` through vec0's k-nearest search, deepening as filters need."""
+        blob = to_blob(vector)
+        clauses = [
+            "embedding MATCH ?",
+            "k = ?",
+            f"scope_key IN ({marks(filters.scope_keys)})",
+            f"corpus IN ({marks(filters.corpora)})",
+        ]
+        params: list[Any] = [blob, 0, *filters.scope_keys, *filters.corpora]
+        if filters.kinds:
+            clauses.append(f"kind IN ({marks(filters.kinds)})")
+            params.extend(filters.kinds)
+        sql = f"SELECT rowid, distance FROM {table} WHERE {' AND '.join(clauses)}"
+        depth = min(_KNN_MAX, max(k * _FIRST_DEPTH, 32))
+        while True:
+            params[1] = depth
+            hits = await self.fetch(sql, params)
+            best: dict[int, float] = {}
+            for rowid, distance in hits:
+                seq = owner_of(rowid)
+                best[seq] = max(best.get(seq, -1.0), 1.0 - float(distance))
+            scored = await self._records_by_seq(best, filters)
+            if len(scored) >= k or len(hits) < depth or depth >= _KNN_MAX:
+                scored.sort(key=lambda s: -s.score)
+                return scored[:k]
+            depth = min(_KNN_MAX, depth * 2)
+
+    async def _records_by_seq(self, best: dict[int, float], filters: Filters) -> list[Scored]:
+        if not best:
+            return []
+        where, params = filters_sql(filters)
+        rows = await self.fetch(by_seq_sql(best, where), [*best, *params])
+        return [Scored(record_of(row), best[int(row[-1])]) for row in rows]
+
+    async def dense_scores(
+        self, vector: Vector, embedder: str, record_ids: Sequence[str]
+    ) -> dict[str, float]:
+        """The best passage cosine of each given record that has a vector."""
+        table = await self._store._vector_table(self._conn, embedder)
+        if table is None or not record_ids:
+            return {}
+        slots = await self.fetch(slots_sql(record_ids), [*record_ids, embedder])
+        if not slots:
+            return {}
+        rowids = [r for seq, _, n, _ in slots for r in rowids_of(int(seq), int(n))]
+        scopes = {str(key) for *_, key in slots}
+        held = await self._store._cosines(table, embedder, vector, scopes, rowids)
+        own = self._own_writes()
+        found = {r: s for r, s in held.items() if owner_of(r) not in own}
+        rows = await self._cosines_vec0(table, vector, [r for r in rowids if r not in found])
+        found.update(rows)
+        id_of = {int(seq): str(record_id) for seq, record_id, *_ in slots}
+        scores: dict[str, float] = {}
+        for rowid, similarity in found.items():
+            record_id = id_of[owner_of(rowid)]
+            scores[record_id] = max(scores.get(record_id, -1.0), similarity)
+        return scores
+
+    async def in_conversation(
+        self, record_ids: Sequence[str], within_seconds: float, embedder: str
+    ) -> dict[str, Around]:
+        """Each record's whole-text vector from ``embedder``, with its neighbours in time.
+
+        A record's neighbours are the current records of its scope and corpus
+        written just before and just after it (by creation time, then write
+        order), when no more than ``within_seconds`` apart from it. Records (and
+        neighbours) without a vector from ``embedder`` are left out. One query
+        finds them all: the nearest record on each side is an index seek.
+        """
+
+        table = await self._store._vector_table(self._conn, embedder)
+        if table is None or not record_ids:
+            return {}
+        side = (
+            "(SELECT CASE WHEN abs(julianday(o.created_at) - julianday(c.created_at)) "
+            "* 86400.0 <= ? AND o.embedder = ? AND o.vec_rows > 0 "
+            "THEN json_array(o.id, o.seq) END FROM records o "
+            "WHERE o.scope_key = c.scope_key AND o.corpus = c.corpus AND o.live = 1 "
+            "AND o.created_at {cmp}= c.created_at "
+            "AND (o.created_at {cmp} c.created_at OR o.seq {cmp} c.seq) "
+            "ORDER BY o.created_at {order}, o.seq {order} LIMIT 1)"
+        )
+        near = [within_seconds, embedder] if within_seconds > 0 else []
+        sides = (
+            f", {side.format(cmp='<', order='DESC')}, {side.format(cmp='>', order='ASC')}"
+            if within_seconds > 0
+            else ""
+        )
+        rows = await self.fetch(
+            f"SELECT c.id, c.seq{sides} FROM records c "
+            f"WHERE c.id IN ({marks(record_ids)}) AND +c.embedder = ? AND c.vec_rows > 0",
+            [*near, *near, *record_ids, embedder],
+        )
+        if not rows:
+            return {}
+        found: dict[str, tuple[int, list[tuple[str, int]]]] = {}
+        for record_id, seq, *around in rows:
+            others = [tuple(json.loads(value)) for value in around if value]
+            found[str(record_id)] = (int(seq), [(str(i), int(q)) for i, q in others])
+        seqs = {seq for seq, _ in found.values()}
+        seqs.update(q for _, others in found.values() for _, q in others)
+        rowids = sorted(rowids_of(seq, 1)[0] for seq in seqs)
+        rowid, vectors = await self._store._vectors(table, rowids)
+        own = self._own_writes()
+        vector_of = {
+            owner_of(r): vectors[i] for i, r in enumerate(rowid.tolist()) if owner_of(r) not in own
+        }
+        rest = [r for r in rowids if owner_of(r) not in vector_of]
+        for r, vector in (await self._vectors_vec0(table, rest)).items():
+            vector_of[owner_of(r)] = vector
+        return {
+            record_id: Around(
+                vector_of[seq], {i: vector_of[q] for i, q in others if q in vector_of}
+            )
+            for record_id, (seq, others) in found.items()
+            if seq in vector_of
+        }
+
+    async def _vectors_vec0(self, table: str, rowids: Sequence[int]) -> dict[int, Vector]:
+        """These vec0 rows' vectors, by rowid (in the order asked), read from vec0."""
+        import numpy as np
+
+        if not rowids:
+            return {}
+        # A join on rowid is a point lookup in vec0 (a range or IN list is a full scan).
+        rows = await self.fetch(
+            f"SELECT j.value, v.embedding FROM json_each(?) j "
+            f"JOIN {table} v ON v.rowid = j.value ORDER BY j.key",
+            [json.dumps(list(rowids))],
+        )
+        return {int(r): np.frombuffer(bytes(blob), dtype=np.float32) for r, blob in rows}
+
+    def _own_writes(self) -> Collection[int]:
+        """Records whose vectors this connection wrote and has not committed."""
+        return ()
+
+    async def _cosines_vec0(
+        self, table: str, vector: Vector, rowids: Sequence[int]
+    ) -> dict[int, float]:
+        """The cosine of each of these vec0 rows with ``vector``, read from vec0."""
+        if not rowids:
+            return {}
+        # A join on rowid is a point lookup in vec0 (a range or IN list is a full scan).
+        rows = await self.fetch(
+            f"SELECT j.value, 1.0 - vec_distance_cosine(v.embedding, ?) "
+            f"FROM json_each(?) j JOIN {table} v ON v.rowid = j.value",
+            [to_blob(vector), json.dumps(list(rowids))],
+        )
+        return {int(rowid): float(similarity) for rowid, similarity in rows}
+
+    async def find_by_hash(self, content_hash: str, filters: Filters) -> list[Record]:
+        where, params = filters_sql(filters)
+        rows = await self.fetch(hash_sql(where), [content_hash, *params])
+        return [record_of(row) for row in rows]
+
+    async def current(self, filters: Filters, limit: int) -> list[Record]:
+        """Current records matching ``filters``, newest first."""
+        where, params = filters_sql(filters)
+        rows = await self.fetch(
+            f"SELECT {SELECT} FROM records r WHERE {where} "
+            "ORDER BY r.created_at DESC, r.seq DESC LIMIT ?",
+            [*params, limit],
+        )
+        return [record_of(row) for row in rows]

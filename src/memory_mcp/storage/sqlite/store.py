@@ -1,0 +1,408 @@
+"""``SqliteStore``: the connections, the write lock, and the store-wide reads."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import sqlite3
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from datetime import datetime
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import aiosqlite
+import anyio
+
+from memory_mcp.ranker import RankerConfig
+from memory_mcp.records import Record, utcnow
+from memory_mcp.storage.base import (
+    Around,
+    Diagnosis,
+    Filters,
+    Scored,
+    StoreStats,
+    Vector,
+)
+from memory_mcp.storage.sqlite.driver import OPERATIONAL_ERRORS, Driver, DriverName, cached_driver
+from memory_mcp.storage.sqlite.migrations import copy_database, prepare_file
+from memory_mcp.storage.sqlite.queries import Queries
+from memory_mcp.storage.sqlite.sql import (
+    SELECT,
+    filters_sql,
+    marks,
+    prior_sql,
+    record_of,
+    storage_error,
+)
+from memory_mcp.storage.sqlite.transaction import Transaction
+from memory_mcp.storage.sqlite.upkeep import UpkeepReads
+from memory_mcp.storage.sqlite.vectors import TABLE_NAME, VectorTables, rowids_of
+
+if TYPE_CHECKING:
+    from memory_mcp.storage.sqlite.dense import DenseIndex
+
+log = logging.getLogger(__name__)
+
+
+_COUNTS_TTL = 600.0  # seconds a word's record count is reused
+_COUNTS_MAX = 100_000  # words remembered at most
+
+
+class SqliteStore(VectorTables, UpkeepReads):
+    """The default store."""
+
+    def __init__(
+        self,
+        path: Path,
+        driver: Driver,
+        writer: aiosqlite.Connection,
+        reader: aiosqlite.Connection,
+        *,
+        vector_copy: bool = True,
+        busy_timeout_ms: int = 15000,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
+        self.path = path
+        self.driver = driver
+        self.busy_timeout_ms = busy_timeout_ms
+        self._clock = clock
+        self._writer = writer
+        self._reader = reader
+        self._write_lock = anyio.Lock()
+        self.reads = Queries(reader, self)
+        self._tables: dict[str, str] = {}
+        self._copies: dict[str, DenseIndex] = {}  # by vector table
+        self._vocab_ready = False  # the reader has temp.records_vocab
+        self._counts: dict[str, tuple[int, float]] = {}  # stem -> (records, when read)
+        self._copy_off = "" if vector_copy else "turned off"
+
+    @classmethod
+    async def open(
+        cls,
+        path: Path,
+        *,
+        driver: DriverName | Driver = "auto",
+        busy_timeout_ms: int = 15000,
+        vector_copy: bool = True,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> SqliteStore:
+        """Open (creating and migrating as needed) the database at ``path``.
+
+        ``vector_copy=False`` answers vector searches through vec0 alone,
+        without the in-memory copy of the vector tables (``dense``). ``clock`` is
+        the store's time (``now``): the database is a file on this machine, so its
+        clock is this machine's (tests give a fake one).
+
+        Raises:
+            StorageError: the file cannot be created, opened or migrated.
+        """
+        chosen = driver if isinstance(driver, Driver) else await cached_driver(driver)
+        await anyio.to_thread.run_sync(prepare_file, path, chosen, busy_timeout_ms)
+
+        def connector() -> sqlite3.Connection:
+            conn = chosen.connect(str(path), busy_timeout_ms=busy_timeout_ms)
+            conn.execute("PRAGMA synchronous = NORMAL")
+            return conn
+
+        writer = await aiosqlite.Connection(connector, iter_chunk_size=256)
+        reader = await aiosqlite.Connection(connector, iter_chunk_size=256)
+        return cls(
+            path,
+            chosen,
+            writer,
+            reader,
+            vector_copy=vector_copy,
+            busy_timeout_ms=busy_timeout_ms,
+            clock=clock,
+        )
+
+    @property
+    def backend(self) -> str:
+        return "sqlite"
+
+    @property
+    def location(self) -> str:
+        return str(self.path)
+
+    @property
+    def details(self) -> str:
+        return self.driver.describe()
+
+    @property
+    def vector_copy(self) -> str:
+        """How vector searches run: on the in-memory copy (and its size) or through vec0."""
+        if self._copy_off:
+            return f"through vec0 ({self._copy_off})"
+        return f"in-memory copy, {self.vector_copy_bytes / 1e6:.1f} MB loaded"
+
+    @property
+    def vector_copy_bytes(self) -> int:
+        """The memory the in-memory copy of the vectors holds now."""
+        return sum(i.nbytes for i in self._copies.values())
+
+    @property
+    def vectors_available(self) -> bool:
+        return self.driver.vectors
+
+    async def close(self) -> None:
+        with anyio.CancelScope(shield=True):
+            await self._writer.close()
+            await self._reader.close()
+
+    @asynccontextmanager
+    async def write(self) -> AsyncIterator[Transaction]:
+        """A write transaction holding the database's write lock (all processes)."""
+        async with self._write_lock:
+            try:
+                await self._writer.execute("BEGIN IMMEDIATE")
+            except OPERATIONAL_ERRORS as exc:
+                raise storage_error(exc) from exc
+            pending = dict(self._tables)
+            try:
+                yield Transaction(self._writer, self)
+                await self._sweep_retired(self._writer)
+            except BaseException as exc:
+                with anyio.CancelScope(shield=True):
+                    if self._writer.in_transaction:  # SQLite may have rolled back already
+                        await self._writer.execute("ROLLBACK")
+                self._tables = pending
+                if isinstance(exc, OPERATIONAL_ERRORS):  # from outside execute (executemany)
+                    raise storage_error(exc) from exc
+                raise
+            try:
+                with anyio.CancelScope(shield=True):
+                    await self._writer.execute("COMMIT")
+            except OPERATIONAL_ERRORS as exc:
+                with anyio.CancelScope(shield=True):
+                    await self._writer.execute("ROLLBACK")
+                self._tables = pending
+                raise storage_error(exc) from exc
+
+    # Reads ---------------------------------------------------------------------------
+
+    async def lexical(
+        self, text: str, filters: Filters, k: int, *, rare_words: bool = False
+    ) -> list[Scored]:
+        return await self.reads.lexical(text, filters, k, rare_words=rare_words)
+
+    async def nearest(
+        self, vector: Vector, embedder: str, filters: Filters, k: int
+    ) -> list[Scored]:
+        return await self.reads.nearest(vector, embedder, filters, k)
+
+    async def dense_scores(
+        self, vector: Vector, embedder: str, record_ids: Sequence[str]
+    ) -> dict[str, float]:
+        return await self.reads.dense_scores(vector, embedder, record_ids)
+
+    async def in_conversation(
+        self, record_ids: Sequence[str], within_seconds: float, embedder: str
+    ) -> dict[str, Around]:
+        return await self.reads.in_conversation(record_ids, within_seconds, embedder)
+
+    async def current(self, filters: Filters, limit: int) -> list[Record]:
+        return await self.reads.current(filters, limit)
+
+    async def top_by_prior(
+        self, filters: Filters, ranking: RankerConfig, now: datetime, limit: int
+    ) -> list[tuple[Record, float]]:
+        """Current records by ``ranker.prior`` (``prior_sql``), highest first, with it."""
+        order_sql, params = prior_sql(ranking, now)
+        where, where_params = filters_sql(filters)
+        # Rank on (seq, value) alone, then read the few winners whole: sorting whole
+        # rows would copy every record's text and JSON into the sorter.
+        rows = await self.reads.fetch(
+            f"SELECT {SELECT}, t.o FROM (SELECT r.seq AS seq, r.id AS id, {order_sql} AS o "
+            f"FROM records r WHERE {where} ORDER BY o DESC, r.id LIMIT ? OFFSET ?) t "
+            "JOIN records r ON r.seq = t.seq ORDER BY t.o DESC, t.id",
+            [*params, *where_params, limit, 0],
+        )
+        return [(record_of(row), float(row[-1])) for row in rows]
+
+    async def get(self, record_id: str) -> Record | None:
+        found = await self.get_many([record_id])
+        return found[0] if found else None
+
+    async def get_many(self, record_ids: Sequence[str]) -> list[Record]:
+        if not record_ids:
+            return []
+        rows = await self.reads.fetch(
+            f"SELECT {SELECT} FROM records r WHERE r.id IN ({marks(record_ids)})", list(record_ids)
+        )
+        by_id = {row[0]: record_of(row) for row in rows}
+        return [by_id[i] for i in record_ids if i in by_id]
+
+    async def record_access(self, record_ids: Sequence[str], at: str) -> None:
+        """Count returned hits as accesses (ranking and staleness read these)."""
+        if not record_ids:
+            return
+        async with self.write() as tx:
+            await tx.execute(
+                "UPDATE records SET access_count = access_count + 1, last_access_at = ? "
+                f"WHERE id IN ({marks(record_ids)})",
+                [at, *record_ids],
+            )
+
+    async def needing_embedding(self, embedder: str, limit: int) -> list[Record]:
+        """Current records whose vectors are missing or from another embedder, oldest first."""
+        rows = await self.reads.fetch(
+            f"SELECT {SELECT}, r.seq FROM records r "
+            "WHERE r.live = 1 AND (r.embedder IS NULL OR r.embedder != ?) "
+            "ORDER BY r.seq LIMIT ?",
+            [embedder, limit],
+        )
+        return [record_of(row) for row in rows]
+
+    async def count_needing_embedding(self, embedder: str | None) -> int:
+        if embedder is None:
+            return 0
+        rows = await self.reads.fetch(
+            "SELECT count(*) FROM records WHERE live = 1 AND (embedder IS NULL OR embedder != ?)",
+            [embedder],
+        )
+        return int(rows[0][0])
+
+    async def dense_embedders(self) -> dict[str, int]:
+        """Embedders that have vectors in this store, with their record counts."""
+        rows = await self.reads.fetch(
+            "SELECT embedder, count(*) FROM records WHERE embedder IS NOT NULL GROUP BY embedder"
+        )
+        return {str(name): int(n) for name, n in rows}
+
+    async def iter_records(self, *, batch: int = 500) -> AsyncIterator[Record]:
+        """Every record, archived and history included, in write order."""
+        after = 0
+        while True:
+            rows = await self.reads.fetch(
+                f"SELECT {SELECT}, r.seq FROM records r WHERE r.seq > ? ORDER BY r.seq LIMIT ?",
+                [after, batch],
+            )
+            if not rows:
+                return
+            for row in rows:
+                yield record_of(row)
+            after = int(rows[-1][-1])
+
+    async def vectors_of(self, record_id: str, embedder: str) -> Vector | None:
+        """A current record's passage vectors from ``embedder`` (whole text first), if any."""
+        import numpy as np
+
+        rows = await self.reads.fetch(
+            "SELECT seq, vec_rows FROM records WHERE id = ? AND +embedder = ? AND vec_rows > 0",
+            [record_id, embedder],
+        )
+        table = self._tables.get(embedder) or await self._vector_table(self._reader, embedder)
+        if not rows or table is None:
+            return None
+        seq, count = int(rows[0][0]), int(rows[0][1])
+        found = await self.reads._vectors_vec0(table, rowids_of(seq, count))
+        if not found:
+            return None
+        return np.stack(list(found.values()))
+
+    async def now(self) -> datetime:
+        """The store's time: SQLite runs in this process, on this machine's clock."""
+        return self._clock()
+
+    async def doctor(self, *, repair: bool = False) -> Diagnosis:
+        from memory_mcp.storage.sqlite.doctor import diagnose
+
+        return await diagnose(self, repair=repair)
+
+    async def backup(self, target: Path, *, force: bool = False) -> Path:
+        from memory_mcp.storage.sqlite.doctor import backup
+
+        return await backup(self, target, force=force)
+
+    @asynccontextmanager
+    async def scratch_copy(self) -> AsyncIterator[SqliteStore]:
+        """A copy of the database of this moment in a folder beside it, deleted on exit."""
+        folder = Path(
+            await anyio.to_thread.run_sync(
+                partial(tempfile.mkdtemp, prefix=".dry-run-", dir=self.path.parent)
+            )
+        )
+        try:
+            copy = folder / "memory.db"
+            await self.copy_to(copy)
+            store = await SqliteStore.open(
+                copy, driver=self.driver, busy_timeout_ms=self.busy_timeout_ms, clock=self._clock
+            )
+            try:
+                yield store
+            finally:
+                await store.close()
+        finally:
+            await anyio.to_thread.run_sync(shutil.rmtree, folder)
+
+    async def copy_to(self, target: Path) -> None:
+        """A consistent copy of the database at ``target`` (SQLite's online backup).
+
+        Writers go on meanwhile; the copy is the state of one moment.
+        """
+
+        connect = partial(self.driver.connect, busy_timeout_ms=15000)
+        await anyio.to_thread.run_sync(copy_database, self.path, target, connect)
+
+    async def stats(self) -> StoreStats:
+        stats = StoreStats()
+        rows = await self.reads.fetch(
+            "SELECT corpus, scope, CASE WHEN archived_at IS NOT NULL THEN 'archived' "
+            "WHEN replaced_by IS NOT NULL THEN 'history' ELSE 'current' END AS state, count(*) "
+            "FROM records GROUP BY corpus, scope, state"
+        )
+        stats.records = {(c, s, st): int(n) for c, s, st, n in rows}
+        stats.embedders = await self.dense_embedders()
+        for table, embedder, dim in await self.reads.fetch(
+            "SELECT table_name, embedder, dim FROM vector_indexes ORDER BY table_name"
+        ):
+            if not TABLE_NAME.match(table):
+                continue
+            count = await self.reads.fetch(f"SELECT count(*) FROM {table}")
+            stats.vector_indexes.append((table, embedder, int(dim), int(count[0][0])))
+        conflicts = await self.reads.fetch(
+            "SELECT count(*) FROM conflicts WHERE resolved_at IS NULL"
+        )
+        stats.open_conflicts = int(conflicts[0][0])
+        stats.database_bytes = sum(
+            p.stat().st_size
+            for p in (self.path, Path(f"{self.path}-wal"), Path(f"{self.path}-shm"))
+            if p.exists()
+        )
+        return stats
+
+    def forget_word_counts(self) -> None:
+        """Drop the cached record counts of words (the write path's rare words)."""
+        self._counts.clear()
+
+    async def _document_counts(self, stems: set[str]) -> dict[str, int]:
+        """How many committed records hold each stem FTS5 knows (cached a while).
+
+        Read on the reader connection, which is never inside a transaction that
+        could roll its temporary vocabulary table back; fts5vocab counts by
+        reading a word's postings, hence the cache.
+        """
+        now = time.monotonic()
+        stale = now - _COUNTS_TTL
+        missing = [s for s in stems if self._counts.get(s, (0, stale - 1))[1] < stale]
+        if missing:
+            if not self._vocab_ready:
+                await self._reader.execute(
+                    "CREATE VIRTUAL TABLE IF NOT EXISTS temp.records_vocab "
+                    "USING fts5vocab(main, records_fts, row)"
+                )
+                self._vocab_ready = True
+            rows = await self.reads.fetch(
+                f"SELECT term, doc FROM temp.records_vocab WHERE term IN ({marks(missing)})",
+                missing,
+            )
+            found = {str(term): int(doc) for term, doc in rows}
+            if len(self._counts) > _COUNTS_MAX:
+                self._counts.clear()
+            for s in missing:
+                self._counts[s] = (found.get(s, 0), now)
+        return {s: self._counts[s][0] for s in stems if self._counts[s][0] > 0}

@@ -1,0 +1,445 @@
+"""One write transaction (``BEGIN IMMEDIATE`` on the writer connection)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Collection, Sequence
+from typing import TYPE_CHECKING, Any
+
+import aiosqlite
+
+from memory_mcp.passages import MAX_PASSAGES
+from memory_mcp.records import Conflict, MergedEntry, Record, derived, merged_text
+from memory_mcp.storage.base import TaskState, Vector
+from memory_mcp.storage.sqlite.driver import OPERATIONAL_ERRORS
+from memory_mcp.storage.sqlite.queries import Queries
+from memory_mcp.storage.sqlite.sql import (
+    INSERT,
+    SELECT,
+    marks,
+    record_of,
+    record_params,
+    storage_error,
+)
+from memory_mcp.storage.sqlite.vectors import Slot, log_change, rowids_of, to_blob
+
+if TYPE_CHECKING:
+    from memory_mcp.storage.sqlite.store import SqliteStore
+
+log = logging.getLogger(__name__)
+
+
+class Transaction(Queries):
+    """One ``BEGIN IMMEDIATE`` transaction on the writer connection."""
+
+    def __init__(self, conn: aiosqlite.Connection, store: SqliteStore) -> None:
+        super().__init__(conn, store)
+        self._touched: set[int] = set()  # records whose vectors this transaction changed
+
+    def _own_writes(self) -> Collection[int]:
+        return self._touched
+
+    async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+        try:
+            cursor = await self._conn.execute(sql, params)
+        except OPERATIONAL_ERRORS as exc:
+            raise storage_error(exc) from exc
+        return cursor.rowcount
+
+    async def execute_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        """One statement for each of ``rows``."""
+        await self._conn.executemany(sql, rows)
+
+    async def log_change(self, embedder: str, seq: int) -> None:
+        """Note that record ``seq``'s vectors changed (``vectors.log_change``)."""
+        await log_change(self._conn, embedder, seq)
+
+    async def _slot(self, record_id: str) -> Slot | None:
+        rows = await self.fetch(
+            "SELECT seq, scope_key, corpus, kind, live, embedder, vec_rows FROM records "
+            "WHERE id = ?",
+            [record_id],
+        )
+        return Slot(*rows[0]) if rows else None
+
+    async def insert(self, record: Record, vectors: Vector | None) -> None:
+        """Insert a new record with its passage vectors (one row per passage)."""
+        await self.execute(INSERT, record_params(record))
+        if vectors is not None and record.embedder:
+            await self._put_vectors(record.id, vectors, record.embedder)
+
+    async def _put_vectors(self, record_id: str, vectors: Vector, embedder: str) -> bool:
+        """Make ``vectors`` the record's passage vectors; False if it is not current."""
+        import numpy as np
+
+        slot = await self._slot(record_id)
+        if slot is None:
+            return False
+        if slot.embedder and slot.vec_rows:
+            await self._store._delete_vectors(self._conn, slot.embedder, slot.seq, slot.vec_rows)
+            self._touched.add(slot.seq)
+        if not slot.live:
+            return False  # only current records are indexed
+        matrix = np.atleast_2d(vectors)[:MAX_PASSAGES]
+        table = await self._store._vector_table(self._conn, embedder, dim=int(matrix.shape[1]))
+        assert table is not None
+        await self._write_vectors(table, embedder, slot, 0, [to_blob(row) for row in matrix])
+        return True
+
+    async def _write_vectors(
+        self, table: str, embedder: str, slot: Slot, start: int, blobs: Sequence[bytes]
+    ) -> None:
+        """Write passage vectors ``start``.. of a record; it then owns ``start + len`` rows."""
+        rowids = rowids_of(slot.seq, len(blobs), start=start)
+        self._touched.add(slot.seq)
+        await log_change(self._conn, embedder, slot.seq)
+        await self._conn.executemany(
+            f"INSERT INTO {table} (rowid, scope_key, corpus, kind, embedding) "
+            "VALUES (?, ?, ?, ?, ?)",
+            [(rowid, *slot.partition, blob) for rowid, blob in zip(rowids, blobs, strict=True)],
+        )
+        await self.execute(
+            "UPDATE records SET embedder = ?, vec_rows = ? WHERE seq = ?",
+            [embedder, start + len(blobs), slot.seq],
+        )
+
+    async def carry_vectors(self, from_id: str, to_id: str, embedder: str) -> int:
+        """Append ``from_id``'s passage vectors to ``to_id``'s (a fold keeps both findable)."""
+        table = await self._store._vector_table(self._conn, embedder)
+        source, target = await self._slot(from_id), await self._slot(to_id)
+        if table is None or source is None or target is None or not target.live:
+            return 0
+        if source.embedder != embedder or target.embedder != embedder:
+            return 0
+        free = MAX_PASSAGES - target.vec_rows
+        rows = await self.fetch(
+            f"SELECT v.embedding FROM json_each(?) j JOIN {table} v ON v.rowid = j.value "
+            "ORDER BY j.key",
+            [json.dumps(rowids_of(source.seq, min(source.vec_rows, free)))],
+        )
+        blobs = [bytes(row[0]) for row in rows]
+        await self._write_vectors(table, embedder, target, target.vec_rows, blobs)
+        return len(blobs)
+
+    async def set_vectors(self, items: Sequence[tuple[Record, Vector]], embedder: str) -> int:
+        """Replace the vectors of records (re-embedding); returns how many were updated.
+
+        A record whose text or folded texts changed since it was read (another
+        process refined or unfolded it meanwhile) is left for the next round.
+        """
+        done = 0
+        for record, vectors in items:
+            unchanged = await self.fetch(
+                "SELECT 1 FROM records WHERE id = ? AND content = ? AND merged_text = ?",
+                [record.id, record.content, merged_text(record)],
+            )
+            if unchanged:
+                done += await self._put_vectors(record.id, vectors, embedder)
+        return done
+
+    async def fold_into(self, old: Record, new_id: str, entry: MergedEntry, at: str) -> None:
+        """Retire ``old`` after its text moved into record ``new_id``'s ``merged_from``."""
+        del entry  # the entry lives in the new record; the old row points at it
+        # updated_at stays: restoring the record gives it back exactly as it was.
+        await self.execute(
+            "UPDATE records SET archived_at = ?, archived_reason = 'folded', replaced_by = ? "
+            "WHERE id = ?",
+            [at, new_id, old.id],
+        )
+
+    async def replace(self, old: Record, new_id: str) -> None:
+        """Make ``old`` history of ``new_id`` (superseded fact, previous goal or plan)."""
+        await self.execute("UPDATE records SET replaced_by = ? WHERE id = ?", [new_id, old.id])
+
+    async def archive(self, record_id: str, reason: str, at: str) -> bool:
+        changed = await self.execute(
+            "UPDATE records SET archived_at = ?, archived_reason = ? "
+            "WHERE id = ? AND archived_at IS NULL",
+            [at, reason, record_id],
+        )
+        return changed > 0
+
+    async def add_conflict(
+        self, scope_key: str, record_id: str, other_id: str, reason: str, at: str
+    ) -> int:
+        cursor = await self._conn.execute(
+            "INSERT INTO conflicts (scope_key, record_id, other_id, reason, created_at) "
+            "VALUES (?, ?, ?, ?, ?)",
+            [scope_key, record_id, other_id, reason, at],
+        )
+        return int(cursor.lastrowid or 0)
+
+    async def import_conflict(self, conflict: Conflict) -> bool:
+        """Insert an exported conflict unless the same one is already there."""
+        exists = await self.fetch(
+            "SELECT 1 FROM conflicts WHERE record_id = ? AND other_id = ? AND created_at = ?",
+            [conflict.record_id, conflict.other_id, conflict.created_at],
+        )
+        if exists:
+            return False
+        await self.execute(
+            "INSERT INTO conflicts (scope_key, record_id, other_id, reason, created_at, "
+            "resolved_at, resolution) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [
+                conflict.scope_key,
+                conflict.record_id,
+                conflict.other_id,
+                conflict.reason,
+                conflict.created_at,
+                conflict.resolved_at,
+                conflict.resolution,
+            ],
+        )
+        return True
+
+    async def insert_raw(self, record: Record) -> bool:
+        """Insert an exported record exactly as it was; False if its id exists."""
+        exists = await self.fetch("SELECT 1 FROM records WHERE id = ?", [record.id])
+        if exists:
+            return False
+        await self.execute(INSERT, record_params(record))
+        return True
+
+    async def get(self, record_id: str) -> Record | None:
+        """A record as this transaction sees it."""
+        rows = await self.fetch(f"SELECT {SELECT} FROM records r WHERE r.id = ?", [record_id])
+        return record_of(rows[0]) if rows else None
+
+    async def update_merged(self, record: Record, at: str) -> bool:
+        """Write what a fold into a current record changed (``write.absorb``)."""
+        columns = derived(record)
+        changed = await self.execute(
+            "UPDATE records SET merged_from = ?, merged_text = ?, fold_count = ?, "
+            "access_count = ?, last_access_at = ?, supersedes = ?, pinned = ?, tags = ?, "
+            "importance = ?, meta = ?, updated_at = ? WHERE id = ? AND live = 1",
+            [
+                json.dumps([m.to_json() for m in record.merged_from], ensure_ascii=False),
+                columns.merged_text,
+                record.fold_count,
+                record.access_count,
+                record.last_access_at,
+                json.dumps(record.supersedes),
+                int(record.pinned),
+                json.dumps(record.tags, ensure_ascii=False),
+                record.importance,
+                json.dumps(record.meta, ensure_ascii=False),
+                at,
+                record.id,
+            ],
+        )
+        return changed > 0
+
+    async def set_content(self, record: Record, at: str) -> bool:
+        """Replace a current record's text (a refined merge); its vectors must be redone."""
+        columns = derived(record)
+        changed = await self.execute(
+            "UPDATE records SET content = ?, content_hash = ?, emphasis = ?, meta = ?, "
+            "updated_at = ? WHERE id = ? AND live = 1",
+            [
+                record.content,
+                columns.content_hash,
+                columns.emphasis,
+                json.dumps(record.meta, ensure_ascii=False),
+                at,
+                record.id,
+            ],
+        )
+        if changed:
+            await self.drop_vectors(record.id)
+        return changed > 0
+
+    async def rewrite_texts(self, record: Record) -> bool:
+        """Replace a record's texts, current or not (the secrets re-scan): its content,
+        folded texts and meta. Triggers redo its full-text row; a current record's
+        vectors are dropped, since they were made from the old texts, and re-embedding
+        makes them again. ``updated_at`` stays: the memory says what it said."""
+        columns = derived(record)
+        changed = await self.execute(
+            "UPDATE records SET content = ?, content_hash = ?, emphasis = ?, merged_from = ?, "
+            "merged_text = ?, meta = ? WHERE id = ?",
+            [
+                record.content,
+                columns.content_hash,
+                columns.emphasis,
+                json.dumps([m.to_json() for m in record.merged_from], ensure_ascii=False),
+                columns.merged_text,
+                json.dumps(record.meta, ensure_ascii=False),
+                record.id,
+            ],
+        )
+        if changed:
+            await self.drop_vectors(record.id)
+        return changed > 0
+
+    async def drop_vectors(self, record_id: str) -> None:
+        """Remove a record's vectors: it awaits embedding again (re-embed redoes them)."""
+        slot = await self._slot(record_id)
+        if slot is None or not slot.embedder or not slot.vec_rows:
+            return
+        await self._store._delete_vectors(self._conn, slot.embedder, slot.seq, slot.vec_rows)
+        self._touched.add(slot.seq)
+        await self.execute(
+            "UPDATE records SET embedder = NULL, vec_rows = 0 WHERE seq = ?", [slot.seq]
+        )
+
+    async def restore(self, record_id: str, at: str) -> Record | None:
+        """Make an archived record current again, exactly as it was; None if not archived.
+
+        A record archived by a fold also leaves the ``merged_from`` of the record
+        that absorbed it (followed to the current one), whose vectors are then
+        redone without the restored texts. A restore counts as activity in the
+        record's project (so staleness does not archive it again at once).
+        """
+        record = await self.get(record_id)
+        if record is None or record.archived_at is None:
+            return None
+        folded = record.archived_reason == "folded" and record.replaced_by is not None
+        if folded:
+            await self._unfold(record, at)
+        await self.execute(
+            "UPDATE records SET archived_at = NULL, archived_reason = NULL, "
+            "replaced_by = CASE WHEN ? THEN NULL ELSE replaced_by END WHERE id = ?",
+            [int(folded), record_id],
+        )
+        await self.touch(record.scope_key, at)
+        return await self.get(record_id)
+
+    async def touch(self, scope_key: str, at: str) -> None:
+        """Note activity in a scope that leaves no trace in its records (a restore)."""
+        await self.execute(
+            "INSERT INTO scope_activity (scope_key, last_at) VALUES (?, ?) "
+            "ON CONFLICT (scope_key) DO UPDATE SET last_at = max(last_at, excluded.last_at)",
+            [scope_key, at],
+        )
+
+    async def _unfold(self, record: Record, at: str) -> None:
+        """Take a folded record's texts out of the current record that holds them.
+
+        The holder loses the entry of the record and the entries the record had
+        absorbed itself, and the folds and accesses they brought; tags and
+        importance it took over stay.
+        """
+        holder_id = record.replaced_by
+        seen: set[str] = set()
+        while holder_id is not None and holder_id not in seen:
+            seen.add(holder_id)
+            holder = await self.get(holder_id)
+            if holder is None:
+                return
+            if holder.current:
+                gone = {record.id, *(m.id for m in record.merged_from)}
+                kept = [m for m in holder.merged_from if m.id not in gone]
+                if len(kept) != len(holder.merged_from):
+                    holder.merged_from = kept
+                    holder.fold_count = max(0, holder.fold_count - record.fold_count - 1)
+                    holder.access_count = max(0, holder.access_count - record.access_count)
+                    await self.update_merged(holder, at)
+                    await self.drop_vectors(holder.id)
+                return
+            holder_id = holder.replaced_by
+
+    async def purge(self, record_ids: Sequence[str], archived_before: str, at: str) -> int:
+        """Hard-delete archived records archived before a time, with their history.
+
+        The only hard delete there is (the purge task). Triggers remove the full-text
+        rows; archived records have no vectors left. The history of a purged record
+        (what it superseded) goes with it, except that of a folded record, which
+        moves to the record that absorbed it (its ``supersedes`` lists it already).
+        Open conflicts that lose a record close as ``purged``.
+        """
+        if not record_ids:
+            return 0
+        rows = await self.fetch(
+            "SELECT id, archived_reason, replaced_by FROM records "
+            f"WHERE id IN ({marks(record_ids)}) AND archived_at IS NOT NULL AND archived_at < ?",
+            [*record_ids, archived_before],
+        )
+        ids = [str(row[0]) for row in rows]
+        if not ids:
+            return 0
+        heirs = {str(i): str(r) for i, why, r in rows if why == "folded" and r is not None}
+        if heirs:  # one pass over the records: replaced_by has no index
+            cases = " ".join("WHEN ? THEN ?" for _ in heirs)
+            await self.execute(
+                f"UPDATE records SET replaced_by = CASE replaced_by {cases} END "
+                f"WHERE replaced_by IN ({marks(heirs)}) AND archived_at IS NULL",
+                [*(x for pair in heirs.items() for x in pair), *heirs],
+            )
+        doomed = [i for i in ids if i not in heirs]
+        history: list[str] = []
+        frontier = doomed
+        while frontier:  # history of history: a chain of supersedes
+            found = await self.fetch(
+                f"SELECT id FROM records WHERE replaced_by IN ({marks(frontier)}) "
+                "AND archived_at IS NULL",
+                frontier,
+            )
+            frontier = [str(row[0]) for row in found if str(row[0]) not in history]
+            history.extend(frontier)
+        gone = [*ids, *history]
+        deleted = 0
+        for start in range(0, len(gone), 500):
+            chunk = gone[start : start + 500]
+            deleted += await self.execute(
+                f"DELETE FROM records WHERE id IN ({marks(chunk)})", chunk
+            )
+        await self.execute(
+            "UPDATE conflicts SET resolved_at = ?, resolution = 'purged' WHERE resolved_at IS NULL "
+            "AND (NOT EXISTS (SELECT 1 FROM records WHERE id = conflicts.record_id) "
+            "OR NOT EXISTS (SELECT 1 FROM records WHERE id = conflicts.other_id))",
+            [at],
+        )
+        return deleted
+
+    async def resolve_conflict(self, conflict_id: int, resolution: str, at: str) -> bool:
+        changed = await self.execute(
+            "UPDATE conflicts SET resolved_at = ?, resolution = ? "
+            "WHERE id = ? AND resolved_at IS NULL",
+            [at, resolution, conflict_id],
+        )
+        return changed > 0
+
+    async def claim(
+        self, task: str, holder: str, now: str, until: str, cursor: dict[str, Any] | None = None
+    ) -> bool:
+        """Take, keep or renew ``task``'s lease until ``until``; False if another holds it.
+
+        A lease whose time is past is free. ``cursor`` saves where the task is.
+        """
+        await self.execute("INSERT OR IGNORE INTO maintenance (task) VALUES (?)", [task])
+        changed = await self.execute(
+            "UPDATE maintenance SET holder = ?, lease_until = ?, cursor = coalesce(?, cursor) "
+            "WHERE task = ? AND (holder IS NULL OR holder = ? OR lease_until IS NULL "
+            "OR lease_until < ?)",
+            [holder, until, None if cursor is None else json.dumps(cursor), task, holder, now],
+        )
+        return changed > 0
+
+    async def release(self, task: str, holder: str) -> None:
+        """Give a task's lease back without recording a run."""
+        await self.execute(
+            "UPDATE maintenance SET holder = NULL, lease_until = NULL "
+            "WHERE task = ? AND holder = ?",
+            [task, holder],
+        )
+
+    async def finish(self, state: TaskState, holder: str) -> bool:
+        """Record a run of a task and give its lease back; False if the lease was lost."""
+        changed = await self.execute(
+            "UPDATE maintenance SET holder = NULL, lease_until = NULL, last_started_at = ?, "
+            "last_finished_at = ?, last_summary = ?, last_error = ?, failures = ?, "
+            "retry_after = ?, cursor = ? WHERE task = ? AND holder = ?",
+            [
+                state.last_started_at,
+                state.last_finished_at,
+                json.dumps(state.last_summary),
+                state.last_error,
+                state.failures,
+                state.retry_after,
+                json.dumps(state.cursor),
+                state.task,
+                holder,
+            ],
+        )
+        return changed > 0

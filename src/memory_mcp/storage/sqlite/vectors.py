@@ -1,0 +1,259 @@
+"""Vector tables: one vec0 table per embedder, its rowids, and the in-memory copies.
+
+Record ``seq`` owns rowids ``seq * MAX_PASSAGES + i`` for ``i < vec_rows``. vec0
+finds a row quickly only by rowid equality, so every per-record read joins on
+rowid, and deletes go one rowid at a time. Every vector change is logged in
+``vector_changes``, so that the in-memory copies (``dense``) of other
+processes catch up.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import AsyncIterator, Collection, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import aiosqlite
+import anyio
+
+from memory_mcp.errors import StorageError
+from memory_mcp.passages import MAX_PASSAGES
+from memory_mcp.storage.base import Filters, Vector
+from memory_mcp.storage.sqlite.driver import Driver
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+    from memory_mcp.storage.sqlite.dense import DenseIndex
+    from memory_mcp.storage.sqlite.queries import Queries
+
+log = logging.getLogger(__name__)
+
+
+def to_blob(vector: Vector) -> bytes:
+    import numpy as np
+
+    return np.ascontiguousarray(vector, dtype=np.float32).tobytes()
+
+
+def rowids_of(seq: int, count: int, *, start: int = 0) -> list[int]:
+    """The vec0 rowids of passages ``start`` .. ``start + count - 1`` of record ``seq``."""
+    first = seq * MAX_PASSAGES + start
+    return list(range(first, first + count))
+
+
+def owner_of(rowid: int) -> int:
+    """The ``seq`` of the record that owns a vec0 rowid (the inverse of ``rowids_of``)."""
+    return int(rowid) // MAX_PASSAGES
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where a record's vectors live."""
+
+    seq: int
+    scope_key: str
+    corpus: str
+    kind: str
+    live: int
+    embedder: str | None
+    vec_rows: int
+
+    @property
+    def partition(self) -> tuple[str, str, str]:
+        """The vec0 partition key and metadata columns of its vector rows."""
+        return self.scope_key, self.corpus, self.kind
+
+
+TABLE_NAME = re.compile(r"^vec_[0-9]+$")
+
+
+async def log_change(conn: aiosqlite.Connection, embedder: str, seq: int) -> None:
+    """Note that record ``seq``'s vectors changed, for the in-memory copies (``dense``)."""
+    from memory_mcp.storage.sqlite.dense import KEEP_CHANGES
+
+    cursor = await conn.execute(
+        "INSERT INTO vector_changes (embedder, seq) VALUES (?, ?)", [embedder, seq]
+    )
+    last = cursor.lastrowid or 0
+    if last % 1000 == 0:
+        await conn.execute("DELETE FROM vector_changes WHERE id <= ?", [last - KEEP_CHANGES])
+
+
+class VectorTables:
+    """The store's vec0 tables and their in-memory copies (``SqliteStore`` is one)."""
+
+    driver: Driver
+    reads: Queries
+    _tables: dict[str, str]
+    _copies: dict[str, DenseIndex]
+    _copy_off: str
+    _reader: aiosqlite.Connection
+
+    async def _copy(self, table: str, embedder: str) -> DenseIndex | None:
+        """The in-memory copy of a vector table the reader can see, if copies are on."""
+        from memory_mcp.storage.sqlite.dense import DenseIndex
+
+        if self._copy_off:
+            return None
+        index = self._copies.get(table)
+        if index is None:
+            dims = await self.reads.fetch(
+                "SELECT dim FROM vector_indexes WHERE table_name = ?", [table]
+            )
+            if not dims:  # created by a transaction that has not committed yet
+                return None
+            # setdefault: another search may have made it while this one waited
+            index = self._copies.setdefault(table, DenseIndex(table, embedder, int(dims[0][0])))
+        return index
+
+    async def _prepared(self, index: DenseIndex, scope_keys: Collection[str]) -> bool:
+        """Bring ``index`` up to date for these scopes (hold its lock); False: copies are off."""
+        from memory_mcp.storage.sqlite.dense import LayoutError, Moved
+
+        try:
+            await index.prepare(self.reads.fetch, scope_keys)
+        except LayoutError as exc:
+            log.warning("searching vectors through vec0, without an in-memory copy: %s", exc)
+            self._copy_off = str(exc)
+            self._copies.clear()
+            return False
+        except Moved as exc:
+            log.info("a scope changed while its vectors loaded (%s); searching through vec0", exc)
+            return False
+        return True
+
+    async def load_vectors(self, embedder: str, scope_keys: Collection[str]) -> None:
+        """Bring the in-memory copy of these scopes' vectors up to date (a no-op without one).
+
+        A store calls this before its write transaction, so that loading a
+        scope (0.35 s at 50,000 memories) does not hold every process's writes.
+        """
+        table = await self._vector_table(self._reader, embedder)
+        if table is not None:
+            async with self._ready_copy(table, embedder, scope_keys):
+                pass
+
+    @asynccontextmanager
+    async def _ready_copy(
+        self, table: str, embedder: str, scope_keys: Collection[str]
+    ) -> AsyncIterator[DenseIndex | None]:
+        """The copy of ``table``, current for these scopes and locked; None: use vec0."""
+        index = await self._copy(table, embedder)
+        if index is None:
+            yield None
+            return
+        async with index.lock:
+            yield index if await self._prepared(index, scope_keys) else None
+
+    async def _rank(
+        self, table: str, embedder: str, vector: Vector, filters: Filters
+    ) -> tuple[npt.NDArray[np.int64], Vector] | None:
+        """Every row of the filters' scopes, corpora and kinds with its cosine (None: no copy)."""
+        async with self._ready_copy(table, embedder, filters.scope_keys) as index:
+            if index is None:
+                return None
+            return await anyio.to_thread.run_sync(
+                index.rank, vector, filters.scope_keys, filters.corpora, filters.kinds
+            )
+
+    async def _cosines(
+        self,
+        table: str,
+        embedder: str,
+        vector: Vector,
+        scope_keys: Collection[str],
+        rowids: Sequence[int],
+    ) -> dict[int, float]:
+        """The cosine of each of these rows the in-memory copy holds."""
+        async with self._ready_copy(table, embedder, scope_keys) as index:
+            return {} if index is None else index.cosines_of(vector, rowids)
+
+    async def _vectors(
+        self, table: str, rowids: Sequence[int]
+    ) -> tuple[npt.NDArray[np.int64], Vector]:
+        """These rows as the in-memory copy holds them: rowids in order, and vectors.
+
+        The copy is read as it is, not first brought up to date: the rows asked
+        for are those of records a search has just found through it, and a row
+        it does not hold is read from vec0 by the caller.
+        """
+        import numpy as np
+
+        index = self._copies.get(table) if not self._copy_off else None
+        if index is None:
+            return np.zeros(0, np.int64), np.zeros((0, 0), np.float32)
+        async with index.lock:
+            return index.vectors_of(rowids)
+
+    async def _delete_vectors(
+        self, conn: aiosqlite.Connection, embedder: str, seq: int, count: int
+    ) -> None:
+        """Delete a record's passage vectors, one rowid at a time (vec0's only fast delete)."""
+        table = await self._vector_table(conn, embedder)
+        if table is None or count <= 0:
+            return
+        await conn.executemany(
+            f"DELETE FROM {table} WHERE rowid = ?", [(r,) for r in rowids_of(seq, count)]
+        )
+        await log_change(conn, embedder, seq)
+
+    async def _sweep_retired(self, conn: aiosqlite.Connection) -> None:
+        """Delete the vectors the retire triggers queued in this transaction."""
+        queued = list(
+            await conn.execute_fetchall("SELECT seq, embedder, vec_rows FROM retired_vectors")
+        )
+        if not queued:
+            return
+        for seq, embedder, count in queued:
+            await self._delete_vectors(conn, str(embedder), int(seq), int(count))
+        await conn.execute("DELETE FROM retired_vectors")
+
+    async def _vector_table(
+        self, conn: aiosqlite.Connection, embedder: str, *, dim: int | None = None
+    ) -> str | None:
+        """The vec0 table of ``embedder``; created (in the caller's transaction) if ``dim``."""
+        if not self.driver.vectors:
+            return None
+        cached = self._tables.get(embedder)
+        if cached is not None:
+            return cached
+        rows = list(
+            await conn.execute_fetchall(
+                "SELECT table_name, dim FROM vector_indexes WHERE embedder = ?", [embedder]
+            )
+        )
+        if rows:
+            table, existing_dim = str(rows[0][0]), int(rows[0][1])
+            if dim is not None and dim != existing_dim:
+                raise StorageError(
+                    f"embedder {embedder} returned {dim}-dimensional vectors, but its index "
+                    f"holds {existing_dim}; give a changed model a new name"
+                )
+            self._tables[embedder] = table
+            return table
+        if dim is None:
+            return None
+        number = list(
+            await conn.execute_fetchall(
+                "SELECT coalesce(max(CAST(substr(table_name, 5) AS INTEGER)), 0) + 1 "
+                "FROM vector_indexes"
+            )
+        )
+        table = f"vec_{int(number[0][0])}"
+        await conn.execute(
+            f"CREATE VIRTUAL TABLE {table} USING vec0("
+            "scope_key TEXT PARTITION KEY, corpus TEXT, kind TEXT, "
+            f"embedding FLOAT[{dim}] distance_metric=cosine)"
+        )
+        await conn.execute(
+            "INSERT INTO vector_indexes (table_name, embedder, dim, created_at) "
+            "VALUES (?, ?, ?, datetime('now'))",
+            [table, embedder, dim],
+        )
+        self._tables[embedder] = table
+        return table

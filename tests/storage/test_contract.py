@@ -1,0 +1,331 @@
+"""What any storage backend must do, written against ``Store`` alone.
+
+Each test opens its store through ``storage.open_store`` from ``storage.url``:
+SQLite in ``tmp_path`` by default, or the backend ``--storage-url`` (or
+``$MEMORY_MCP_TEST_STORAGE_URL``) selects. Nothing here names a backend, a
+query language or a driver: a new backend passes this file first, then the
+whole suite with the same switch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import anyio
+import numpy as np
+import pytest
+
+from memory_mcp import ranker
+from memory_mcp.config import Settings, StorageSettings
+from memory_mcp.errors import InvalidInput
+from memory_mcp.records import MergedEntry, Record, content_hash, format_time, utcnow
+from memory_mcp.storage import Filters, Store, open_store
+from memory_mcp.storage.base import TaskState
+from memory_mcp.write import new_id
+
+pytestmark = pytest.mark.anyio
+
+NOW = datetime(2026, 3, 1, 12, 0, tzinfo=utcnow().tzinfo)
+SCOPE = "/repo"
+FACTS = Filters(scope_keys=(SCOPE,), corpora=("facts",))
+
+
+def record(
+    content: str,
+    *,
+    scope_key: str = SCOPE,
+    kind: str = "fact",
+    days_ago: float = 0,
+    embedder: str | None = None,
+    **fields: object,
+) -> Record:
+    at = format_time(NOW - timedelta(days=days_ago))
+    made = Record(
+        id=new_id("facts"),
+        corpus="facts",
+        kind=kind,
+        scope="project",
+        scope_key=scope_key,
+        content=content,
+        agent="test",
+        created_at=at,
+        updated_at=at,
+        embedder=embedder,
+    )
+    for name, value in fields.items():
+        setattr(made, name, value)
+    return made
+
+
+def vector(*values: float) -> np.ndarray:
+    v = np.asarray(values, dtype=np.float32)
+    return (v / np.linalg.norm(v))[None, :]
+
+
+@pytest.fixture
+def backend(tmp_path: Path, storage_url: str) -> Settings:
+    """The settings that name this test's store (the same one for every ``open_store``)."""
+    if not storage_url:
+        storage_url = f"sqlite://{tmp_path / 'contract.db'}"
+    return Settings(data_dir=str(tmp_path), storage=StorageSettings(url=storage_url))
+
+
+@pytest.fixture
+async def store(backend: Settings) -> AsyncIterator[Store]:
+    opened = await open_store(backend, clock=lambda: NOW)
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+async def insert(store: Store, *records: Record, vectors: list[np.ndarray] | None = None) -> None:
+    async with store.write() as tx:
+        for n, r in enumerate(records):
+            await tx.insert(r, None if vectors is None else vectors[n])
+
+
+# Writes --------------------------------------------------------------------------------
+
+
+async def test_a_written_record_reads_back_whole(store: Store) -> None:
+    r = record("The staging database is called pigeon_stage", tags=["db"], importance=0.8)
+    await insert(store, r)
+    assert (await store.get(r.id)) == r
+    assert await store.get("f_missing") is None
+    assert [x.id for x in await store.get_many(["f_missing", r.id])] == [r.id]
+    async with store.write() as tx:
+        assert [x.id for x in await tx.find_by_hash(content_hash(r.content), FACTS)] == [r.id]
+    assert [x.id async for x in store.iter_records()] == [r.id]
+
+
+async def test_a_transaction_that_raises_writes_nothing(store: Store) -> None:
+    r = record("Never deploy on Fridays")
+
+    async def abandoned() -> None:
+        async with store.write() as tx:
+            await tx.insert(r, None)
+            raise RuntimeError("abandoned")
+
+    with pytest.raises(RuntimeError):
+        await abandoned()
+    assert await store.get(r.id) is None
+
+
+async def test_archive_restore_and_purge(store: Store) -> None:
+    r = record("The build uses pnpm")
+    await insert(store, r)
+    async with store.write() as tx:
+        assert await tx.archive(r.id, "forgotten", format_time(NOW))
+    assert await store.current(FACTS, 10) == []
+    assert [x.id for x in await store.archived([SCOPE])] == [r.id]
+    async with store.write() as tx:
+        restored = await tx.restore(r.id, format_time(NOW))
+    assert restored is not None and restored.current
+    async with store.write() as tx:
+        await tx.archive(r.id, "forgotten", format_time(NOW))
+        assert await tx.purge([r.id], format_time(NOW + timedelta(days=1)), format_time(NOW)) == 1
+    assert await store.get(r.id) is None
+
+
+async def test_folds_under_concurrency_leave_one_record_holding_every_text(
+    backend: Settings,
+) -> None:
+    """Two stores on one backend (two processes), ten writers: each either inserts the
+    text or folds its copy into the one there is. The write lock makes it one record."""
+    stores = [await open_store(backend, clock=lambda: NOW) for _ in range(2)]
+    text = "Run the test suite with pytest -x before pushing"
+
+    async def write_once(n: int) -> None:
+        store = stores[n % 2]
+        mine = record(text, agent=f"agent-{n}")
+        async with store.write() as tx:
+            found = [r for r in await tx.find_by_hash(content_hash(text), FACTS) if r.current]
+            if not found:
+                await tx.insert(mine, None)
+                return
+            holder = found[0]
+            entry = MergedEntry(mine.id, mine.content, mine.created_at, mine.agent, mine.created_at)
+            await tx.insert(mine, None)
+            await tx.fold_into(mine, holder.id, entry, format_time(NOW))
+            holder.merged_from.append(entry)
+            holder.fold_count += 1
+            assert await tx.update_merged(holder, format_time(NOW))
+
+    try:
+        async with anyio.create_task_group() as group:
+            for n in range(10):
+                group.start_soon(write_once, n)
+        [holder] = await stores[0].current(FACTS, 10)
+        assert holder.fold_count == 9 and len(holder.merged_from) == 9
+        assert len([r async for r in stores[1].iter_records()]) == 10
+    finally:
+        for store in stores:
+            await store.close()
+
+
+# Search branches -----------------------------------------------------------------------
+
+
+async def test_search_filters_apply_before_the_limit(store: Store) -> None:
+    crowd = [record(f"deploy pipeline note {n}", scope_key="/other") for n in range(30)]
+    wanted = [
+        record("deploy pipeline runs on main", kind="decision", tags=["ci"]),
+        record("deploy pipeline caches wheels", days_ago=40),
+    ]
+    dense = [vector(1, 0, 0)] * 30 + [vector(1, 0.01, 0)] * 2
+    embedder = "test:3" if store.vectors_available else None
+    for r in [*crowd, *wanted]:
+        r.embedder = embedder
+    await insert(store, *crowd, *wanted, vectors=dense if embedder else None)
+    found = await store.lexical("deploy pipeline", FACTS, 2)
+    assert {s.record.id for s in found} == {r.id for r in wanted}
+    only = Filters(scope_keys=(SCOPE,), corpora=("facts",), kinds=("decision",))
+    assert [s.record.id for s in await store.lexical("deploy", only, 1)] == [wanted[0].id]
+    tagged = Filters(scope_keys=(SCOPE,), corpora=("facts",), tags=("ci",))
+    assert [s.record.id for s in await store.lexical("deploy", tagged, 1)] == [wanted[0].id]
+    recent = Filters((SCOPE,), ("facts",), since=format_time(NOW - timedelta(days=1)))
+    assert [s.record.id for s in await store.lexical("deploy", recent, 5)] == [wanted[0].id]
+    if embedder:
+        near = await store.nearest(vector(1, 0, 0)[0], embedder, FACTS, 2)
+        assert {s.record.id for s in near} == {r.id for r in wanted}
+
+
+async def test_text_is_plain_words_whatever_it_holds(store: Store) -> None:
+    r = record('The "deploy" job: AND runs NEAR(main) * daily')
+    await insert(store, r)
+    for query in ['deploy" OR "x', "AND", "NEAR(main)", "*", "job:", ")("]:
+        await store.lexical(query, FACTS, 5)  # never a syntax error
+    assert [s.record.id for s in await store.lexical('"deploy" AND', FACTS, 5)] == [r.id]
+
+
+async def test_top_by_prior_is_the_rankers_prior(store: Store) -> None:
+    """The table every backend is held to: its prior is ``ranker.prior``."""
+    table = [
+        record("plain fact", days_ago=0),
+        record("plain fact, a year old", days_ago=365),
+        record("a decision that lasts", kind="decision", days_ago=200),
+        record("never skip the migration check: it is a breaking bug", days_ago=3),
+        record("explicitly important", importance=0.95, days_ago=90),
+        record("pinned and old", pinned=True, days_ago=900),
+        record("often folded", fold_count=4, days_ago=10),
+        record("often read", access_count=20, days_ago=10),
+        record("a gotcha", kind="gotcha", days_ago=1000),
+    ]
+    await insert(store, *table)
+    config = ranker.RankerConfig(half_life_days=20, durable_half_life_days=150, prior_weight=0.2)
+    rows = await store.top_by_prior(FACTS, config, NOW, 100)
+    assert {r.id for r, _ in rows} == {r.id for r in table}
+    for r, value in rows:
+        assert value == pytest.approx(ranker.prior(r, NOW, config), abs=1e-9), r.content
+    assert [v for _, v in rows] == sorted((v for _, v in rows), reverse=True)
+    assert len(await store.top_by_prior(FACTS, config, NOW, 3)) == 3
+
+
+async def test_positions_walk_every_record_in_write_order(store: Store) -> None:
+    written = [record(f"fact number {n}") for n in range(7)]
+    await insert(store, *written)
+    seen: list[str] = []
+    position = None
+    while batch := await store.after(("facts",), position, 3):
+        seen.extend(r.id for _, r in batch)
+        position = batch[-1][0]
+        assert await store.count_after(("facts",), position) == 7 - len(seen)
+    assert seen == [r.id for r in written]
+
+
+# Embedding queue -----------------------------------------------------------------------
+
+
+async def test_records_without_vectors_wait_for_them(store: Store) -> None:
+    r = record("Use ruff for linting")
+    await insert(store, r)
+    assert [x.id for x in await store.needing_embedding("test:3", 10)] == [r.id]
+    assert await store.count_needing_embedding("test:3") == 1
+    if store.vectors_available:
+        async with store.write() as tx:
+            assert await tx.set_vectors([(r, vector(0, 1, 0))], "test:3") == 1
+        assert await store.count_needing_embedding("test:3") == 0
+        assert await store.dense_embedders() == {"test:3": 1}
+
+
+# Conflicts -----------------------------------------------------------------------------
+
+
+async def test_a_conflict_is_flagged_listed_and_resolved(store: Store) -> None:
+    a, b = record("Deploys go out on Mondays"), record("Deploys go out on Thursdays")
+    await insert(store, a, b)
+    async with store.write() as tx:
+        number = await tx.add_conflict(SCOPE, b.id, a.id, "contradiction", format_time(NOW))
+    assert [c.id for c in await store.open_conflicts_of([a.id])] == [number]
+    assert await store.conflict_between(a.id, b.id) and await store.conflict_between(b.id, a.id)
+    async with store.write() as tx:
+        assert await tx.resolve_conflict(number, "both", format_time(NOW))
+        assert not await tx.resolve_conflict(number, "both", format_time(NOW))
+    assert await store.conflicts(open_only=True) == []
+    [closed] = await store.conflicts()
+    assert (closed.resolution, await store.conflict(number)) == ("both", closed)
+    assert await store.conflict_between(a.id, b.id)  # resolved, still known
+
+
+# Leases --------------------------------------------------------------------------------
+
+
+async def test_a_lease_is_held_until_it_runs_out(store: Store) -> None:
+    now = await store.now()
+    assert now.tzinfo is not None
+    t0, t1, t2 = (format_time(now + timedelta(seconds=s)) for s in (0, 60, 61))
+    async with store.write() as tx:
+        assert await tx.claim("purge", "first", t0, t1)
+        assert not await tx.claim("purge", "second", t0, t1)
+        assert await tx.claim("purge", "first", t0, t1, {"seq": "7"})  # renewed, cursor kept
+        assert await tx.claim("purge", "second", t2, t2)  # run out: free to take
+    assert (await store.tasks())["purge"].cursor == {"seq": "7"}
+    async with store.write() as tx:
+        assert not await tx.finish(TaskState(task="purge"), "first")  # lost it
+        assert await tx.finish(TaskState(task="purge", failures=2), "second")
+        await tx.release("purge", "second")
+    state = (await store.tasks())["purge"]
+    assert (state.holder, state.failures) == (None, 2)
+
+
+# Admin ---------------------------------------------------------------------------------
+
+
+async def test_status_says_which_backend_where_and_how_big(store: Store) -> None:
+    await insert(store, record("something to count"))
+    stats = await store.stats()
+    assert store.backend and store.location and store.details
+    assert stats.records == {("facts", "project", "current"): 1} and stats.database_bytes > 0
+
+
+async def test_doctor_finds_a_healthy_store_healthy(store: Store) -> None:
+    await insert(store, record("a healthy record"))
+    for repair in (False, True):
+        diagnosis = await store.doctor(repair=repair)
+        assert diagnosis.healthy and all(check.ok for check in diagnosis.checks)
+
+
+async def test_a_backup_is_a_copy_and_is_not_written_over(store: Store, tmp_path: Path) -> None:
+    await insert(store, record("kept in the backup"))
+    target = tmp_path / "backups"
+    target.mkdir()
+    written = await store.backup(target)
+    assert written.parent == target and written.stat().st_size > 0
+    with pytest.raises(InvalidInput):
+        await store.backup(written)
+    assert await store.backup(written, force=True) == written
+
+
+async def test_a_scratch_copy_is_the_store_of_its_moment_and_leaves_no_trace(
+    store: Store,
+) -> None:
+    kept = record("before the copy")
+    await insert(store, kept)
+    async with store.scratch_copy() as copy:
+        assert [r.id for r in await copy.current(FACTS, 10)] == [kept.id]
+        await insert(copy, record("only in the copy"))
+        assert len(await copy.current(FACTS, 10)) == 2
+    assert [r.id for r in await store.current(FACTS, 10)] == [kept.id]
