@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import json
-import select
 import signal
 import socket
 import sqlite3
 import subprocess
-from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +16,15 @@ from mcp.client.sse import sse_client
 
 from helpers.files import backdate
 from helpers.processes import COMMAND
-from helpers.serving import http_server, round_trip, running, stderr_of
+from helpers.serving import (
+    handshake,
+    http_server,
+    raw_server,
+    receive,
+    round_trip,
+    send,
+    stderr_of,
+)
 from helpers.tools import call, client
 from helpers.waiting import eventually
 from memory_mcp.__main__ import fast_serve_args
@@ -81,47 +87,6 @@ def test_fast_front_takes_only_plain_stdio_serve() -> None:
 
 
 # Raw JSON-RPC over a pipe, to watch shutdown ---------------------------------------------
-
-
-def raw_server(
-    env: dict[str, str], cwd: Path, *args: str
-) -> AbstractContextManager[subprocess.Popen[bytes]]:
-    """``serve`` over stdio, spoken to line by line (``send``, ``receive``)."""
-    return running(env, cwd, *args, "serve")
-
-
-def send(process: subprocess.Popen[bytes], message: dict[str, Any]) -> None:
-    assert process.stdin is not None
-    process.stdin.write(json.dumps(message).encode() + b"\n")
-    process.stdin.flush()
-
-
-def receive(process: subprocess.Popen[bytes], timeout: float = 60) -> dict[str, Any]:
-    assert process.stdout is not None
-    ready, _, _ = select.select([process.stdout], [], [], timeout)
-    assert ready, "no answer from the server"
-    line = process.stdout.readline()
-    assert line, "the server closed stdout"
-    message: dict[str, Any] = json.loads(line)
-    return message
-
-
-def handshake(process: subprocess.Popen[bytes]) -> None:
-    send(
-        process,
-        {
-            "jsonrpc": "2.0",
-            "id": 1,
-            "method": "initialize",
-            "params": {
-                "protocolVersion": "2025-06-18",
-                "capabilities": {},
-                "clientInfo": {"name": "claude-code", "version": "1"},
-            },
-        },
-    )
-    assert receive(process)["result"]["serverInfo"]["name"] == "memory-mcp"
-    send(process, {"jsonrpc": "2.0", "method": "notifications/initialized"})
 
 
 def store(process: subprocess.Popen[bytes], request_id: int, content: str) -> dict[str, Any]:

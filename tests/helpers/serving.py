@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import select
 import socket
 import subprocess
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
+from typing import Any
 
 from mcp import Client
 
@@ -99,3 +101,47 @@ def stderr_of(process: subprocess.Popen[bytes], *, within: float = 30) -> bytes:
     reader.join(within)
     assert read, f"stderr still open {within} s after the server exited (a child holds it?)"
     return read[0]
+
+
+# serve over stdio, spoken to line by line ------------------------------------------
+
+
+def raw_server(
+    env: dict[str, str], cwd: Path, *args: str
+) -> AbstractContextManager[subprocess.Popen[bytes]]:
+    """``serve`` over stdio, spoken to line by line (``send``, ``receive``)."""
+    return running(env, cwd, *args, "serve")
+
+
+def send(process: subprocess.Popen[bytes], message: dict[str, Any]) -> None:
+    assert process.stdin is not None
+    process.stdin.write(json.dumps(message).encode() + b"\n")
+    process.stdin.flush()
+
+
+def receive(process: subprocess.Popen[bytes], timeout: float = 60) -> dict[str, Any]:
+    assert process.stdout is not None
+    ready, _, _ = select.select([process.stdout], [], [], timeout)
+    assert ready, "no answer from the server"
+    line = process.stdout.readline()
+    assert line, "the server closed stdout"
+    message: dict[str, Any] = json.loads(line)
+    return message
+
+
+def handshake(process: subprocess.Popen[bytes]) -> None:
+    send(
+        process,
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "claude-code", "version": "1"},
+            },
+        },
+    )
+    assert receive(process)["result"]["serverInfo"]["name"] == "memory-mcp"
+    send(process, {"jsonrpc": "2.0", "method": "notifications/initialized"})

@@ -290,7 +290,7 @@ def test_a_word_of_a_million_letters_stems_without_recursion() -> None:
 
 def test_a_lone_surrogate_over_stdio_gets_an_answer(tmp_path: Path) -> None:
     """JSON can escape one (\\ud800); the SDK's parser dropped such a call unanswered."""
-    from test_serve import handshake, raw_server, receive, send
+    from helpers.serving import handshake, raw_server, receive, send
 
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("MEMORY_MCP_")},
