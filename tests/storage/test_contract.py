@@ -17,13 +17,13 @@ import anyio
 import numpy as np
 import pytest
 
+from helpers.records import fact, unit
 from memory_mcp import ranker
 from memory_mcp.config import Settings, StorageSettings
 from memory_mcp.errors import InvalidInput
 from memory_mcp.records import MergedEntry, Record, content_hash, format_time, utcnow
 from memory_mcp.storage import Filters, Store, open_store
 from memory_mcp.storage.base import TaskState
-from memory_mcp.write import new_id
 
 pytestmark = pytest.mark.anyio
 
@@ -32,36 +32,8 @@ SCOPE = "/repo"
 FACTS = Filters(scope_keys=(SCOPE,), corpora=("facts",))
 
 
-def record(
-    content: str,
-    *,
-    scope_key: str = SCOPE,
-    kind: str = "fact",
-    days_ago: float = 0,
-    embedder: str | None = None,
-    **fields: object,
-) -> Record:
-    at = format_time(NOW - timedelta(days=days_ago))
-    made = Record(
-        id=new_id("facts"),
-        corpus="facts",
-        kind=kind,
-        scope="project",
-        scope_key=scope_key,
-        content=content,
-        agent="test",
-        created_at=at,
-        updated_at=at,
-        embedder=embedder,
-    )
-    for name, value in fields.items():
-        setattr(made, name, value)
-    return made
-
-
-def vector(*values: float) -> np.ndarray:
-    v = np.asarray(values, dtype=np.float32)
-    return (v / np.linalg.norm(v))[None, :]
+def record(content: str, *, days_ago: float = 0, **fields: object) -> Record:
+    return fact(content, at=NOW - timedelta(days=days_ago), **fields)  # type: ignore[arg-type]
 
 
 @pytest.fixture
@@ -175,7 +147,7 @@ async def test_search_filters_apply_before_the_limit(store: Store) -> None:
         record("deploy pipeline runs on main", kind="decision", tags=["ci"]),
         record("deploy pipeline caches wheels", days_ago=40),
     ]
-    dense = [vector(1, 0, 0)] * 30 + [vector(1, 0.01, 0)] * 2
+    dense = [unit(1, 0, 0)[None, :]] * 30 + [unit(1, 0.01, 0)[None, :]] * 2
     embedder = "test:3" if store.vectors_available else None
     for r in [*crowd, *wanted]:
         r.embedder = embedder
@@ -189,7 +161,7 @@ async def test_search_filters_apply_before_the_limit(store: Store) -> None:
     recent = Filters((SCOPE,), ("facts",), since=format_time(NOW - timedelta(days=1)))
     assert [s.record.id for s in await store.lexical("deploy", recent, 5)] == [wanted[0].id]
     if embedder:
-        near = await store.nearest(vector(1, 0, 0)[0], embedder, FACTS, 2)
+        near = await store.nearest(unit(1, 0, 0), embedder, FACTS, 2)
         assert {s.record.id for s in near} == {r.id for r in wanted}
 
 
@@ -246,7 +218,7 @@ async def test_records_without_vectors_wait_for_them(store: Store) -> None:
     assert await store.count_needing_embedding("test:3") == 1
     if store.vectors_available:
         async with store.write() as tx:
-            assert await tx.set_vectors([(r, vector(0, 1, 0))], "test:3") == 1
+            assert await tx.set_vectors([(r, unit(0, 1, 0)[None, :])], "test:3") == 1
         assert await store.count_needing_embedding("test:3") == 0
         assert await store.dense_embedders() == {"test:3": 1}
 

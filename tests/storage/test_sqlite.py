@@ -8,41 +8,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from memory_mcp.records import Record, format_time, utcnow
+from helpers.records import fact, unit
+from memory_mcp.records import format_time, utcnow
 from memory_mcp.storage.base import Filters
 from memory_mcp.storage.sqlite import SqliteStore, dense
-from memory_mcp.write import new_id
 
 pytestmark = pytest.mark.anyio
 
 FILTERS = Filters(scope_keys=("/repo",), corpora=("facts",))
 
 
-def record(content: str, *, embedder: str | None = None) -> Record:
-    now = format_time(utcnow())
-    return Record(
-        id=new_id("facts"),
-        corpus="facts",
-        kind="fact",
-        scope="project",
-        scope_key="/repo",
-        content=content,
-        agent="test",
-        created_at=now,
-        updated_at=now,
-        embedder=embedder,
-    )
-
-
-def unit(*values: float) -> np.ndarray:
-    v = np.asarray(values, dtype=np.float32)
-    return v / np.linalg.norm(v)
-
-
 async def test_fts_follows_inserts_updates_and_deletes(tmp_path: Path) -> None:
     store = await SqliteStore.open(tmp_path / "m.db")
     try:
-        r = record("The staging database is reset every Sunday")
+        r = fact("The staging database is reset every Sunday")
         async with store.write() as tx:
             await tx.insert(r, None)
         assert [s.record.id for s in await store.lexical("staging reset", FILTERS, 5)] == [r.id]
@@ -63,7 +42,7 @@ async def test_fts_follows_inserts_updates_and_deletes(tmp_path: Path) -> None:
 async def test_fts_syntax_in_a_query_is_searched_as_plain_words(tmp_path: Path) -> None:
     store = await SqliteStore.open(tmp_path / "m.db")
     try:
-        r = record("Use NEAR-zero downtime deploys; see docs (AND notes)")
+        r = fact("Use NEAR-zero downtime deploys; see docs (AND notes)")
         async with store.write() as tx:
             await tx.insert(r, None)
         for query in [
@@ -83,7 +62,7 @@ async def test_fts_syntax_in_a_query_is_searched_as_plain_words(tmp_path: Path) 
 async def test_each_embedder_and_dimension_gets_its_own_vector_index(tmp_path: Path) -> None:
     store = await SqliteStore.open(tmp_path / "m.db")
     try:
-        a, b = record("alpha", embedder="model-a"), record("beta", embedder="model-b")
+        a, b = fact("alpha", embedder="model-a"), fact("beta", embedder="model-b")
         async with store.write() as tx:
             await tx.insert(a, unit(1, 0, 0)[None, :])
             await tx.insert(b, unit(1, 0, 0, 0, 0)[None, :])
@@ -100,7 +79,7 @@ async def test_each_embedder_and_dimension_gets_its_own_vector_index(tmp_path: P
 async def test_a_record_scores_by_its_best_passage(tmp_path: Path) -> None:
     store = await SqliteStore.open(tmp_path / "m.db")
     try:
-        r = record("long text", embedder="m")
+        r = fact("long text", embedder="m")
         passages = np.stack([unit(1, 0, 0), unit(0, 1, 0), unit(0, 0, 1)])
         async with store.write() as tx:
             await tx.insert(r, passages)
@@ -114,7 +93,7 @@ async def test_a_record_scores_by_its_best_passage(tmp_path: Path) -> None:
 async def test_archiving_removes_vectors_and_hides_the_record(tmp_path: Path) -> None:
     store = await SqliteStore.open(tmp_path / "m.db")
     try:
-        r = record("gamma", embedder="m")
+        r = fact("gamma", embedder="m")
         async with store.write() as tx:
             await tx.insert(r, unit(1, 1, 0)[None, :])
             assert await tx.archive(r.id, "forgotten", format_time(utcnow()))
@@ -132,7 +111,7 @@ async def test_archiving_removes_vectors_and_hides_the_record(tmp_path: Path) ->
 async def test_filters_apply_before_the_limit_in_the_vector_search(tmp_path: Path) -> None:
     store = await SqliteStore.open(tmp_path / "m.db")
     try:
-        rows = [record(f"fact {i}", embedder="m") for i in range(40)]
+        rows = [fact(f"fact {i}", embedder="m") for i in range(40)]
         rows[-1].tags = ["rare"]
         async with store.write() as tx:
             for i, r in enumerate(rows):
@@ -156,7 +135,7 @@ async def test_the_vector_search_equals_an_exhaustive_ranking(
     rng = np.random.default_rng(7)
     store = await SqliteStore.open(tmp_path / "m.db", vector_copy=copy)
     try:
-        rows = [record(f"fact {i}", embedder="m") for i in range(300)]
+        rows = [fact(f"fact {i}", embedder="m") for i in range(300)]
         matrices = []
         for i, r in enumerate(rows):
             r.tags = ["rare"] if i % 23 == 0 else []
@@ -186,7 +165,7 @@ async def test_the_vector_search_equals_an_exhaustive_ranking(
 async def test_a_failed_transaction_leaves_nothing_behind(tmp_path: Path) -> None:
     store = await SqliteStore.open(tmp_path / "m.db")
     try:
-        r = record("delta", embedder="m")
+        r = fact("delta", embedder="m")
         try:
             async with store.write() as tx:
                 await tx.insert(r, unit(0, 1, 1)[None, :])
@@ -211,8 +190,8 @@ async def test_vectors_follow_reembeds_folds_and_deletes_without_touching_others
         return (await store.stats()).vector_indexes[0][3]
 
     try:
-        a, b = record("alpha", embedder="m"), record("beta", embedder="m")
-        elsewhere = record("gamma", embedder="m")
+        a, b = fact("alpha", embedder="m"), fact("beta", embedder="m")
+        elsewhere = fact("gamma", embedder="m")
         elsewhere.scope_key = "/other"
         async with store.write() as tx:
             await tx.insert(a, unit(1, 0, 0)[None, :])
@@ -300,7 +279,7 @@ async def test_a_copy_sees_what_another_process_writes(tmp_path: Path) -> None:
     reader = await SqliteStore.open(tmp_path / "m.db")
     writer = await SqliteStore.open(tmp_path / "m.db")
     try:
-        a, b = record("alpha", embedder="m"), record("beta", embedder="m")
+        a, b = fact("alpha", embedder="m"), fact("beta", embedder="m")
         async with writer.write() as tx:
             await tx.insert(a, unit(1, 0, 0)[None, :])
         assert await ids_near(reader, unit(1, 0, 0)) == [a.id]
@@ -327,7 +306,7 @@ async def test_a_copy_sees_what_another_process_writes(tmp_path: Path) -> None:
 async def test_each_scope_is_loaded_when_first_searched(tmp_path: Path) -> None:
     store = await SqliteStore.open(tmp_path / "m.db")
     try:
-        here, there = record("here", embedder="m"), record("there", embedder="m")
+        here, there = fact("here", embedder="m"), fact("there", embedder="m")
         there.scope_key = "/other"
         async with store.write() as tx:
             await tx.insert(here, unit(1, 0, 0)[None, :])
@@ -343,7 +322,7 @@ async def test_a_transaction_sees_its_own_uncommitted_vectors(tmp_path: Path) ->
     """A batch of stores folds within itself: later items find the earlier ones."""
     store = await SqliteStore.open(tmp_path / "m.db")
     try:
-        a, b = record("alpha", embedder="m"), record("beta", embedder="m")
+        a, b = fact("alpha", embedder="m"), fact("beta", embedder="m")
         async with store.write() as tx:
             await tx.insert(a, unit(1, 0, 0)[None, :])
         assert await ids_near(store, unit(1, 0, 0)) == [a.id]  # the copy is loaded
@@ -368,7 +347,7 @@ async def test_a_copy_far_behind_the_log_reloads(
     reader = await SqliteStore.open(tmp_path / "m.db")
     writer = await SqliteStore.open(tmp_path / "m.db")
     try:
-        rows = [record(f"fact {i}", embedder="m") for i in range(6)]
+        rows = [fact(f"fact {i}", embedder="m") for i in range(6)]
         async with writer.write() as tx:
             await tx.insert(rows[0], unit(1, 0, 0)[None, :])
         assert await ids_near(reader, unit(1, 0, 0)) == [rows[0].id]
@@ -387,7 +366,7 @@ async def test_an_unknown_vec0_layout_falls_back_to_vec0_searches(
     monkeypatch.setattr(dense, "_SUPPORTED_LAYOUT", ("9", "9"))
     store = await SqliteStore.open(tmp_path / "m.db")
     try:
-        a = record("alpha", embedder="m")
+        a = fact("alpha", embedder="m")
         async with store.write() as tx:
             await tx.insert(a, unit(1, 0, 0)[None, :])
         hits = await store.nearest(unit(1, 0, 0), "m", FILTERS, 5)
@@ -405,7 +384,7 @@ async def test_the_change_log_is_pruned(tmp_path: Path, monkeypatch: pytest.Monk
     try:
         async with store.write() as tx:
             for i in range(1005):
-                await tx.insert(record(f"fact {i}", embedder="m"), unit(1, i, 0)[None, :])
+                await tx.insert(fact(f"fact {i}", embedder="m"), unit(1, i, 0)[None, :])
             rows = await tx.fetch("SELECT count(*), min(id) FROM vector_changes")
         assert rows == [(15, 991)]
     finally:
@@ -420,8 +399,8 @@ async def test_the_write_path_matches_on_a_memorys_rarest_words(
     monkeypatch.setattr(queries, "_RARE_TERMS", 3)
     store = await SqliteStore.open(tmp_path / "m.db")
     try:
-        common = [record(f"run the tests before a release, note {i}") for i in range(30)]
-        twin = record("the billing adapter retries webhooks before a release")
+        common = [fact(f"run the tests before a release, note {i}") for i in range(30)]
+        twin = fact("the billing adapter retries webhooks before a release")
         async with store.write() as tx:
             for r in [*common, twin]:
                 await tx.insert(r, None)
@@ -441,7 +420,7 @@ async def test_a_write_during_a_scope_load_leaves_the_copy_on(tmp_path: Path) ->
     reader = await SqliteStore.open(tmp_path / "m.db")
     writer = await SqliteStore.open(tmp_path / "m.db")
     try:
-        rows = [record(f"fact {i}", embedder="m") for i in range(4)]
+        rows = [fact(f"fact {i}", embedder="m") for i in range(4)]
         async with writer.write() as tx:
             for i, r in enumerate(rows):
                 await tx.insert(r, unit(1, i, 0)[None, :])
@@ -474,7 +453,7 @@ async def test_a_filter_few_records_pass_is_applied_to_the_rows_at_once(
     monkeypatch.setattr(queries, "_KNN_MAX", 64)
     store = await SqliteStore.open(tmp_path / "m.db")
     try:
-        rows = [record(f"fact {i}", embedder="m") for i in range(300)]
+        rows = [fact(f"fact {i}", embedder="m") for i in range(300)]
         for r in rows[-2:]:
             r.tags = ["rare"]
         async with store.write() as tx:

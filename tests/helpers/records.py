@@ -1,0 +1,43 @@
+"""Records and vectors written straight to a store (below the write pipeline)."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import datetime
+
+import numpy as np
+
+from memory_mcp.records import Record, format_time, utcnow
+from memory_mcp.write import new_id
+
+
+def fact(
+    content: str,
+    *,
+    at: datetime | None = None,
+    scope_key: str = "/repo",
+    kind: str = "fact",
+    embedder: str | None = None,
+    **fields: object,
+) -> Record:
+    """A project fact written by agent "test" at ``at`` (default: now), with ``fields`` set."""
+    stamp = format_time(at or utcnow())
+    made = Record(
+        id=new_id("facts"),
+        corpus="facts",
+        kind=kind,
+        scope="project",
+        scope_key=scope_key,
+        content=content,
+        agent="test",
+        created_at=stamp,
+        updated_at=stamp,
+        embedder=embedder,
+    )
+    return dataclasses.replace(made, **fields)  # type: ignore[arg-type]
+
+
+def unit(*values: float) -> np.ndarray:
+    """``values`` as a float32 vector of length one."""
+    v = np.asarray(values, dtype=np.float32)
+    return v / np.linalg.norm(v)
