@@ -186,7 +186,8 @@ class Maintenance:
 
     async def _run_one(self, name: str, *, due_only: bool) -> TaskReport:
         now = self.memory.clock()
-        if not self.dry_run and not await self._claim(name, await self.db.now()):
+        claimed = await self.db.now()  # the lease runs on the store's clock
+        if not self.dry_run and not await self._claim(name, claimed):
             return TaskReport(name, skipped="another process is running it")
         # Read under the lease: another process may have run it a moment ago.
         state = (await self.db.tasks()).get(name) or TaskState(task=name)
@@ -194,7 +195,7 @@ class Maintenance:
             await self._release(name)
             return TaskReport(name, skipped=why)
         self._task, self._cursor = name, dict(state.cursor)
-        self._renewed = await self.db.now()
+        self._renewed = claimed
         self._say(name)
         work: Callable[[], Awaitable[TaskReport]] = getattr(self, f"_{name}")
         try:
