@@ -26,7 +26,7 @@ async def main(db: str, seconds: str, llm: str) -> None:
     async with MemoryService.open(
         Settings(), database=Path(db), embedder=FakeEmbedder(), wait_for_embedder=10
     ) as memory:
-        worker = Maintenance(memory, llm=Command(llm))
+        worker = Maintenance(memory.engine, llm=Command(llm))
         wait_for_go()
         attempts = []
         deadline = time.time() + float(seconds)

@@ -57,7 +57,7 @@ async def test_two_processes_storing_paraphrases_at_once_end_with_one_canonical_
         # Whoever wrote second saw the first one's record and folded into it.
         assert sorted([one["action"], two["action"]]) == ["folded", "inserted"], (one, two)
     async with MemoryService.open(Settings(), database=db, embedder=FakeEmbedder()) as memory:
-        stats = await memory.db.stats()
+        stats = await memory.engine.store.stats()
         assert stats.records[("facts", "project", "current")] == len(PARAPHRASES)
         assert stats.records[("facts", "project", "archived")] == len(PARAPHRASES)
 
@@ -74,5 +74,5 @@ async def test_concurrent_writers_lose_no_acknowledged_write(
     ids = [r["id"] for out in outputs for r in out]
     assert len(ids) == 75
     async with MemoryService.open(Settings(), database=db, embedder=FakeEmbedder()) as memory:
-        found = await memory.db.get_many(ids)
+        found = await memory.engine.store.get_many(ids)
         assert len(found) == 75

@@ -37,7 +37,7 @@ async def fill(memory: MemoryService, project: Path) -> None:
 
 async def dump(memory: MemoryService) -> list[dict[str, object]]:
     out = io.StringIO()
-    await export_jsonl(memory, out)
+    await export_jsonl(memory.engine, out)
     lines = [json.loads(line) for line in out.getvalue().splitlines()]
     return [line for line in lines if line["type"] != "header"]
 
@@ -49,7 +49,7 @@ async def test_export_then_import_reproduces_every_field(tmp_path: Path, project
         await fill(a, project)
         original = await dump(a)
         text = io.StringIO()
-        await export_jsonl(a, text)
+        await export_jsonl(a.engine, text)
     kinds = {line["type"] for line in original}
     assert kinds == {"record", "conflict"}
     assert any(line.get("archived_reason") == "done" for line in original)
@@ -62,7 +62,7 @@ async def test_export_then_import_reproduces_every_field(tmp_path: Path, project
         written: list[tuple[int, int]] = []
         embedded: list[tuple[int, int]] = []
         summary = await import_jsonl(
-            b,
+            b.engine,
             text.getvalue().splitlines(),
             progress=lambda done, total: written.append((done, total)),
             embed_progress=lambda done, total: embedded.append((done, total)),
@@ -74,7 +74,7 @@ async def test_export_then_import_reproduces_every_field(tmp_path: Path, project
         assert summary.conflicts_added == 1 and summary.awaiting_embedding == 0
         restored = await dump(b)
         assert restored == original
-        again = await import_jsonl(b, text.getvalue().splitlines())  # idempotent
+        again = await import_jsonl(b.engine, text.getvalue().splitlines())  # idempotent
         assert again.records_added == 0 and again.records_skipped == summary.records_added
         assert (await b.search("pigeon minimum iOS", cwd=project)).mode == "hybrid"
 

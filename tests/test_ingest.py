@@ -82,11 +82,11 @@ def docs(root: Path) -> Path:
 
 async def current_chunks(memory: MemoryService, root: Path) -> list[Record]:
     filters = Filters(scope_keys=(str(root),), corpora=("knowledge",))
-    return await memory.db.current(filters, limit=10_000)
+    return await memory.engine.store.current(filters, limit=10_000)
 
 
 async def all_chunks(memory: MemoryService) -> list[Record]:
-    return [r async for r in memory.db.iter_records() if r.corpus == "knowledge"]
+    return [r async for r in memory.engine.store.iter_records() if r.corpus == "knowledge"]
 
 
 def ids_of(records: list[Record], path: str) -> set[str]:
@@ -186,7 +186,7 @@ async def test_default_patterns_pick_readme_docs_and_agent_files_only(
     memory: MemoryService, docs: Path
 ) -> None:
     assert "docs/**/*.md" in DEFAULT_PATTERNS
-    summary = await ingest(memory, docs)
+    summary = await ingest(memory.engine, docs)
     assert (summary.files, summary.changed, summary.unchanged, summary.removed) == (3, 3, 0, 0)
     assert summary.skipped == []
     assert summary.embedded
@@ -194,14 +194,14 @@ async def test_default_patterns_pick_readme_docs_and_agent_files_only(
     assert {r.meta["path"] for r in chunks} == {"README.md", "docs/a/b.md", "CLAUDE.md"}
     assert summary.chunks_added == len(chunks) == 4 + 1 + 1
     assert all(r.kind == "chunk" and r.scope == "project" for r in chunks)
-    assert all(r.embedder == memory.embeddings.identity for r in chunks)
+    assert all(r.embedder == memory.engine.embeddings.identity for r in chunks)
 
 
 @pytest.mark.anyio
 async def test_chunks_carry_their_meta_and_are_found_by_search(
     memory: MemoryService, docs: Path, project: Path
 ) -> None:
-    await ingest(memory, docs, agent="test-agent")
+    await ingest(memory.engine, docs, agent="test-agent")
     hits = (
         await memory.search("apt install zebrafish toolkit", cwd=project, corpora=("knowledge",))
     ).hits
@@ -220,14 +220,14 @@ async def test_chunks_carry_their_meta_and_are_found_by_search(
 async def test_rerunning_with_nothing_changed_writes_nothing(
     memory: MemoryService, docs: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    await ingest(memory, docs)
+    await ingest(memory.engine, docs)
     before = await all_chunks(memory)
 
     async def no_embedding(texts: object) -> None:
         raise AssertionError("an unchanged file was re-chunked and embedded")
 
-    monkeypatch.setattr(memory, "_embed_records", no_embedding)
-    summary = await ingest(memory, docs)
+    monkeypatch.setattr(memory.engine, "embed_records", no_embedding)
+    summary = await ingest(memory.engine, docs)
     assert (summary.changed, summary.unchanged, summary.removed) == (0, 3, 0)
     assert (summary.chunks_added, summary.chunks_archived) == (0, 0)
     assert not summary.embedded
@@ -237,10 +237,10 @@ async def test_rerunning_with_nothing_changed_writes_nothing(
 
 @pytest.mark.anyio
 async def test_editing_one_file_rechunks_only_that_file(memory: MemoryService, docs: Path) -> None:
-    await ingest(memory, docs)
+    await ingest(memory.engine, docs)
     before = await current_chunks(memory, docs)
     write(docs / "docs" / "a" / "b.md", GUIDE + "\n## Rollback\n\nRoll back with fly deploy.\n")
-    summary = await ingest(memory, docs)
+    summary = await ingest(memory.engine, docs)
     assert (summary.changed, summary.unchanged) == (1, 2)
     assert (summary.chunks_added, summary.chunks_archived) == (2, 1)
     after = await current_chunks(memory, docs)
@@ -248,7 +248,7 @@ async def test_editing_one_file_rechunks_only_that_file(memory: MemoryService, d
         assert ids_of(after, untouched) == ids_of(before, untouched)
     old_ids = ids_of(before, "docs/a/b.md")
     assert not old_ids & ids_of(after, "docs/a/b.md")
-    for old in await memory.db.get_many(sorted(old_ids)):
+    for old in await memory.engine.store.get_many(sorted(old_ids)):
         assert old.archived_reason == CHANGED_REASON
     guide = sorted(
         (r for r in after if r.meta["path"] == "docs/a/b.md"), key=lambda r: r.meta["chunk"]
@@ -261,15 +261,15 @@ async def test_editing_one_file_rechunks_only_that_file(memory: MemoryService, d
 async def test_deleting_a_file_archives_its_chunks(
     memory: MemoryService, docs: Path, project: Path
 ) -> None:
-    await ingest(memory, docs)
+    await ingest(memory.engine, docs)
     before = await current_chunks(memory, docs)
     query = "quokka test suite"
     hits = (await memory.search(query, cwd=project, corpora=("knowledge",))).hits
     assert hits[0].record.meta["path"] == "CLAUDE.md"
     (docs / "CLAUDE.md").unlink()
-    summary = await ingest(memory, docs)
+    summary = await ingest(memory.engine, docs)
     assert (summary.files, summary.removed, summary.chunks_archived) == (2, 1, 1)
-    gone = await memory.db.get_many(sorted(ids_of(before, "CLAUDE.md")))
+    gone = await memory.engine.store.get_many(sorted(ids_of(before, "CLAUDE.md")))
     assert [r.archived_reason for r in gone] == [REMOVED_REASON]
     assert {r.meta["path"] for r in await current_chunks(memory, docs)} == {
         "README.md",
@@ -288,14 +288,14 @@ async def test_explicit_paths_take_files_and_text_under_directories(
     write(docs / "guide" / "image.png", b"\x89PNG\r\n")
     write(docs / "guide" / ".venv" / "lib.md", "# Vendored\n")
     write(docs / "guide" / "node_modules" / "pkg" / "README.md", "# Vendored\n")
-    summary = await ingest(memory, docs, [Path("guide"), docs / "src" / "x.md"])
+    summary = await ingest(memory.engine, docs, [Path("guide"), docs / "src" / "x.md"])
     paths = {r.meta["path"] for r in await current_chunks(memory, docs)}
     assert paths == {"guide/intro.rst", "guide/deep/notes.txt", "src/x.md"}
     assert summary.files == 3
 
     # Explicit paths remove only what vanished under the given directories.
     (docs / "guide" / "deep" / "notes.txt").unlink()
-    summary = await ingest(memory, docs, [Path("guide")])
+    summary = await ingest(memory.engine, docs, [Path("guide")])
     assert (summary.removed, summary.unchanged) == (1, 1)
     paths = {r.meta["path"] for r in await current_chunks(memory, docs)}
     assert paths == {"guide/intro.rst", "src/x.md"}
@@ -305,8 +305,8 @@ async def test_explicit_paths_take_files_and_text_under_directories(
 async def test_a_default_run_archives_what_no_longer_matches(
     memory: MemoryService, docs: Path
 ) -> None:
-    await ingest(memory, docs, [Path("src/x.md")])
-    summary = await ingest(memory, docs)
+    await ingest(memory.engine, docs, [Path("src/x.md")])
+    summary = await ingest(memory.engine, docs)
     assert summary.removed == 1
     assert "src/x.md" not in {r.meta["path"] for r in await current_chunks(memory, docs)}
 
@@ -317,17 +317,17 @@ async def test_paths_outside_the_root_are_refused_before_anything_is_written(
 ) -> None:
     outside = write(other_project / "SECRET.md", "# Elsewhere\n\nNot this project.\n")
     with pytest.raises(InvalidInput, match="outside the project root"):
-        await ingest(memory, docs, [Path("README.md"), outside])
+        await ingest(memory.engine, docs, [Path("README.md"), outside])
     with pytest.raises(InvalidInput, match="outside the project root"):
-        await ingest(memory, docs, [Path("../other-repo/SECRET.md")])
+        await ingest(memory.engine, docs, [Path("../other-repo/SECRET.md")])
     (docs / "docs" / "link.md").symlink_to(outside)
     with pytest.raises(InvalidInput, match=r"docs/link\.md"):
-        await ingest(memory, docs, [Path("README.md"), Path("docs/link.md")])
+        await ingest(memory.engine, docs, [Path("README.md"), Path("docs/link.md")])
     (docs / "linked-dir").symlink_to(other_project, target_is_directory=True)
     with pytest.raises(InvalidInput, match="linked-dir"):
-        await ingest(memory, docs, [docs / "linked-dir"])
+        await ingest(memory.engine, docs, [docs / "linked-dir"])
     with pytest.raises(NotFound, match="missing"):
-        await ingest(memory, docs, [Path("README.md"), Path("docs/missing.md")])
+        await ingest(memory.engine, docs, [Path("README.md"), Path("docs/missing.md")])
     assert await all_chunks(memory) == []
 
 
@@ -337,7 +337,7 @@ async def test_a_symlink_found_by_the_patterns_that_leaves_the_root_is_skipped(
 ) -> None:
     outside = write(other_project / "private.md", "# Private\n\nThe heron password list.\n")
     (docs / "docs" / "private.md").symlink_to(outside)
-    summary = await ingest(memory, docs)
+    summary = await ingest(memory.engine, docs)
     assert summary.skipped == ["docs/private.md: resolves outside the project root"]
     assert all("heron" not in r.content for r in await all_chunks(memory))
 
@@ -349,7 +349,7 @@ async def test_a_secret_in_a_document_is_redacted(memory: MemoryService, docs: P
         docs / "docs" / "api.md",
         f"# API\n\nCall the API with token {token} in CI.\n\n## Old token {token}\n\nRevoked.\n",
     )
-    await ingest(memory, docs)
+    await ingest(memory.engine, docs)
     chunks = [r for r in await current_chunks(memory, docs) if r.meta["path"] == "docs/api.md"]
     assert len(chunks) == 2
     for chunk in chunks:
@@ -368,7 +368,7 @@ async def test_non_utf8_and_oversized_files_are_skipped_with_a_reason(
     write(docs / "docs" / "latin1.md", "# Caf\xe9\n\nna\xefve\n".encode("latin-1"))
     write(docs / "docs" / "nul.md", b"# Binary\n\x00\x01\x02")
     write(docs / "docs" / "big.md", b"a" * (MAX_FILE_BYTES + 1))
-    summary = await ingest(memory, docs)
+    summary = await ingest(memory.engine, docs)
     assert summary.files == 6
     assert sorted(summary.skipped) == [
         f"docs/big.md: larger than 2 MB ({MAX_FILE_BYTES + 1:,} bytes)",
@@ -383,9 +383,9 @@ async def test_non_utf8_and_oversized_files_are_skipped_with_a_reason(
 async def test_a_file_that_becomes_unreadable_text_loses_its_chunks(
     memory: MemoryService, docs: Path
 ) -> None:
-    await ingest(memory, docs)
+    await ingest(memory.engine, docs)
     write(docs / "CLAUDE.md", b"\xff\xfe garbage")
-    summary = await ingest(memory, docs)
+    summary = await ingest(memory.engine, docs)
     assert summary.skipped == ["CLAUDE.md: not UTF-8 text"]
     assert (summary.removed, summary.chunks_archived) == (1, 1)
     assert "CLAUDE.md" not in {r.meta["path"] for r in await current_chunks(memory, docs)}
@@ -394,10 +394,10 @@ async def test_a_file_that_becomes_unreadable_text_loses_its_chunks(
 @pytest.mark.anyio
 async def test_progress_is_called_once_per_file(memory: MemoryService, docs: Path) -> None:
     calls: list[tuple[int, int]] = []
-    await ingest(memory, docs, progress=lambda done, total: calls.append((done, total)))
+    await ingest(memory.engine, docs, progress=lambda done, total: calls.append((done, total)))
     assert calls == [(1, 3), (2, 3), (3, 3)]
     calls.clear()
-    await ingest(memory, docs, progress=lambda done, total: calls.append((done, total)))
+    await ingest(memory.engine, docs, progress=lambda done, total: calls.append((done, total)))
     assert calls == [(1, 3), (2, 3), (3, 3)]
 
 
@@ -407,7 +407,7 @@ async def test_chunks_stay_under_the_configured_write_limit(
 ) -> None:
     memory.settings.write.max_chars = 400
     write(docs / "docs" / "long.md", "## Long\n\n" + "\n\n".join(["tern " * 50] * 10))
-    await ingest(memory, docs)
+    await ingest(memory.engine, docs)
     chunks = [r for r in await current_chunks(memory, docs) if r.meta["path"] == "docs/long.md"]
     assert len(chunks) > 3
     assert all(len(r.content) <= 200 for r in chunks)
@@ -419,7 +419,7 @@ async def test_a_symlinked_root_path_is_resolved_for_containment(
 ) -> None:
     alias = tmp_path / "alias"
     alias.symlink_to(docs, target_is_directory=True)
-    summary = await ingest(memory, docs, [alias / "README.md"])
+    summary = await ingest(memory.engine, docs, [alias / "README.md"])
     assert summary.changed == 1
     assert {r.meta["path"] for r in await current_chunks(memory, docs)} == {"README.md"}
 
@@ -431,7 +431,7 @@ async def test_on_the_lexical_floor_chunks_are_stored_without_vectors(
     settings = Settings()
     settings.embedder.backend = "bm25"
     async with MemoryService.open(settings, database=tmp_path / "floor.db") as memory:
-        summary = await ingest(memory, docs)
+        summary = await ingest(memory.engine, docs)
         assert summary.changed == 3 and summary.chunks_added == 6
         assert not summary.embedded
         chunks = await current_chunks(memory, docs)
@@ -449,14 +449,14 @@ async def test_the_injected_brief_is_never_ingested_and_does_not_count_as_a_chan
 
     (project / "CLAUDE.md").write_text("# Rules\n\nUse tabs for indentation.\n")
     inject(project, "## Brief\n\n~~~text\nSECRET-LOOKING BRIEF LINE\n~~~\n", ("claude",))
-    first = await ingest(memory, project)
+    first = await ingest(memory.engine, project)
     assert first.changed == 1
-    chunks = await memory.db.current(
+    chunks = await memory.engine.store.current(
         Filters(scope_keys=(str(project_root(project)),), corpora=("knowledge",)), 100
     )
     assert chunks and all("BRIEF LINE" not in c.content for c in chunks)
     inject(project, "## Brief\n\n~~~text\nanother brief\n~~~\n", ("claude",))
-    again = await ingest(memory, project)
+    again = await ingest(memory.engine, project)
     assert again.changed == 0 and again.unchanged == 1
 
 
@@ -479,9 +479,9 @@ async def test_claude_code_memory_files_are_imported_once(
     (folder / "topics" / "deploy.md").write_text(
         "# Deploying\n\nThe release-bot tags vX.Y.Z and pushes to Fly.io.\n"
     )
-    first = await ingest_agent_memories(memory, project_root(project), home=home)
+    first = await ingest_agent_memories(memory.engine, project_root(project), home=home)
     assert (first.files, first.changed, first.chunks_added) == (2, 2, 2)
-    second = await ingest_agent_memories(memory, project_root(project), home=home)
+    second = await ingest_agent_memories(memory.engine, project_root(project), home=home)
     assert (second.changed, second.unchanged, second.chunks_added) == (0, 2, 0)
     hits = await memory.search("release-bot Fly.io", cwd=project, corpora=("knowledge",))
     paths = {h.record.meta["path"] for h in hits.hits}
@@ -489,10 +489,10 @@ async def test_claude_code_memory_files_are_imported_once(
 
     # Ingesting the project's own documents leaves the imported memory files alone.
     (project / "README.md").write_text("# App\n\nHello.\n")
-    await ingest(memory, project)
-    third = await ingest_agent_memories(memory, project_root(project), home=home)
+    await ingest(memory.engine, project)
+    third = await ingest_agent_memories(memory.engine, project_root(project), home=home)
     assert third.unchanged == 2 and third.chunks_archived == 0
 
     (folder / "topics" / "deploy.md").unlink()
-    fourth = await ingest_agent_memories(memory, project_root(project), home=home)
+    fourth = await ingest_agent_memories(memory.engine, project_root(project), home=home)
     assert fourth.removed == 1 and fourth.chunks_archived == 1

@@ -84,7 +84,7 @@ def snapshot(root: Path) -> dict[str, tuple[bytes, int]]:
 
 
 async def brief_text(memory: MemoryService, project: Path) -> str:
-    return (await build_brief(memory, project, now=NOW, dated=True)).text
+    return (await build_brief(memory.engine, project, now=NOW, dated=True)).text
 
 
 async def test_inject_all_is_idempotent_and_uninject_restores_every_byte(

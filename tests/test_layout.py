@@ -154,3 +154,37 @@ def test_the_engine_imports_no_adapter() -> None:
         f"{name} -> {dep}" for name, deps in engine.items() for dep in deps if _is_adapter(dep)
     )
     assert not crossing, "engine modules import adapters: " + ", ".join(crossing)
+
+
+# What an adapter may import from below it: the facade and the words it speaks in
+# (settings, errors, records, scopes, result views, terminal output, platform
+# directories, the managed-block format), never a feature module or the store.
+FACADE = frozenset(
+    {
+        "memory_mcp",  # the version
+        "memory_mcp.service",
+        "memory_mcp.config",
+        "memory_mcp.errors",
+        "memory_mcp.records",
+        "memory_mcp.scope",
+        "memory_mcp.views",
+        "memory_mcp.terminal",
+        "memory_mcp.dirs",
+        "memory_mcp.blocks",
+        "memory_mcp.bench.cli",  # the CLI mounts the bench's sub-app
+    }
+)
+# The stdio front starts loading the model before it imports the MCP SDK, so the
+# two overlap (about half a second at start); it must not wait for the service.
+FACADE_EXCEPTIONS = frozenset({("memory_mcp.mcp.front", "memory_mcp.embedders.runtime")})
+
+
+def test_adapters_reach_the_engine_only_through_the_facade() -> None:
+    crossing = sorted(
+        f"{name} -> {dep}"
+        for name, deps in import_graph().items()
+        if _is_adapter(name)
+        for dep in deps
+        if not _is_adapter(dep) and dep not in FACADE and (name, dep) not in FACADE_EXCEPTIONS
+    )
+    assert not crossing, "adapters import the engine past MemoryService: " + ", ".join(crossing)

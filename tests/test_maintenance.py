@@ -28,6 +28,7 @@ from memory_mcp.embedders.base import FakeEmbedder
 from memory_mcp.errors import InvalidInput, NotFound
 from memory_mcp.llm import ChatEndpoint, Command
 from memory_mcp.maintenance import Maintenance
+from memory_mcp.maintenance.context import TaskRun
 from memory_mcp.records import Record, format_time, parse_time
 from memory_mcp.scope import project_scope
 from memory_mcp.service import MemoryService
@@ -84,10 +85,10 @@ async def plant(
         importance=None,
         tags=(),
         agent="test",
-        at=memory.clock() - timedelta(days=days_ago),
+        at=memory.engine.clock() - timedelta(days=days_ago),
         settings=memory.settings.write if scan else WriteSettings(secrets="off"),
     )
-    async with memory.db.write() as tx:
+    async with memory.engine.store.write() as tx:
         await tx.insert(draft.record, None)
     return draft.record
 
@@ -117,7 +118,7 @@ async def test_the_sweep_folds_what_the_write_time_fold_missed(
     memory: MemoryService, project: Path
 ) -> None:
     pairs = await planted_duplicates(memory, project)
-    [report] = await Maintenance(memory).run(["consolidate"])
+    [report] = await Maintenance(memory.engine).run(["consolidate"])
     assert report.counts == {"folded": len(pairs)}
     for old, new in pairs:
         canonical = await memory.get(new.id)
@@ -129,7 +130,7 @@ async def test_the_sweep_folds_what_the_write_time_fold_missed(
         hits = (await memory.search(old.content, cwd=project)).hits
         assert hits[0].record.id == new.id
     # A later sweep starts where this one stopped: nothing left to fold.
-    [again] = await Maintenance(memory).run(["consolidate"])
+    [again] = await Maintenance(memory.engine).run(["consolidate"])
     assert again.counts == {}
 
 
@@ -137,7 +138,7 @@ async def test_the_loops_sweep_goes_on_in_slices_until_done(
     memory: MemoryService, project: Path
 ) -> None:
     pairs = await planted_duplicates(memory, project)  # 7 facts
-    worker = Maintenance(memory, sweep_budget=3)
+    worker = Maintenance(memory.engine, sweep_budget=3)
     first = await worker.run(["consolidate"], due_only=True)
     assert first[0].pending == 4
     second = await worker.run(["consolidate"], due_only=True)  # due at once: work was left
@@ -153,16 +154,16 @@ async def test_the_sweep_flags_a_contradiction_once(memory: MemoryService, proje
     old = await plant(memory, "Run tests with pytest -x", project, days_ago=2)
     new = await plant(memory, "Never run tests with -x", project, days_ago=1)
     await memory.reembed()
-    [report] = await Maintenance(memory).run(["consolidate"])
+    [report] = await Maintenance(memory.engine).run(["consolidate"])
     assert report.counts == {"conflicts": 1}
-    [conflict] = await memory.db.conflicts(open_only=True)
+    [conflict] = await memory.engine.store.conflicts(open_only=True)
     assert (conflict.record_id, conflict.other_id) == (new.id, old.id)
     # Resolved as "both": a sweep from the start does not flag the pair again.
-    await maintenance.resolve_conflict(memory, conflict.id, "both")
-    async with memory.db.write() as tx:  # forget where the last sweep stopped
+    await memory.resolve_conflict(conflict.id, "both")
+    async with memory.engine.store.write() as tx:  # forget where the last sweep stopped
         assert await tx.claim("consolidate", "test", "", "")
         assert await tx.finish(TaskState(task="consolidate"), "test")
-    [again] = await Maintenance(memory).run(["consolidate"])
+    [again] = await Maintenance(memory.engine).run(["consolidate"])
     assert again.counts == {}
 
 
@@ -177,9 +178,9 @@ async def test_a_dry_run_counts_exactly_what_the_run_then_does(
     await memory.forget(stored.id)
     clock.advance(days=120)
     before = await _snapshot(memory)
-    planned = await maintenance.dry_run(memory)
+    planned = await memory.maintain(dry_run=True)
     assert await _snapshot(memory) == before  # the dry run changed nothing
-    done = await Maintenance(memory).run()
+    done = await Maintenance(memory.engine).run()
     assert [r.to_json() for r in planned] == [r.to_json() for r in done]
     by_task = {r.task: r.counts for r in done}
     assert by_task["consolidate"] == {"folded": 3, "conflicts": 1}
@@ -188,7 +189,7 @@ async def test_a_dry_run_counts_exactly_what_the_run_then_does(
 
 
 async def _snapshot(memory: MemoryService) -> list[dict[str, Any]]:
-    return [r.to_json() async for r in memory.db.iter_records()]
+    return [r.to_json() async for r in memory.engine.store.iter_records()]
 
 
 async def test_staleness_archives_unused_facts_of_dormant_projects_only(
@@ -202,7 +203,7 @@ async def test_staleness_archives_unused_facts_of_dormant_projects_only(
     await memory.search("release notes changelog", cwd=project)
     clock.advance(days=95)
     await memory.search("frontend vite", cwd=other_project)  # other_project stays active
-    [report] = await Maintenance(memory).run(["staleness"])
+    [report] = await Maintenance(memory.engine).run(["staleness"])
     assert report.counts == {"archived": 1, "projects": 1}
     assert (await memory.get(unused.id)).archived_reason == "dormant"
     for kept in (used, busy, pinned):
@@ -219,7 +220,7 @@ async def test_staleness_is_off_with_a_negative_dormant_days(
     ) as memory:
         await memory.store("The staging database is called pigeon_stage", cwd=project)
         clock.advance(days=400)
-        [report] = await Maintenance(memory).run(["staleness"])
+        [report] = await Maintenance(memory.engine).run(["staleness"])
     assert report.skipped and not report.counts
 
 
@@ -235,12 +236,12 @@ async def test_purge_deletes_only_records_archived_past_the_grace_window(
     newer = await memory.store("The pigeon app's minimum iOS version is 16.", cwd=project)
     assert newer.action == "superseded"
     clock.advance(days=11)  # old: archived 31 days ago; young: 11 days ago
-    [report] = await Maintenance(memory).run(["purge"])
+    [report] = await Maintenance(memory.engine).run(["purge"])
     assert report.counts == {"purged": 1}
-    assert await memory.db.get(old.id) is None
+    assert await memory.engine.store.get(old.id) is None
     assert (await memory.get(young.id)).archived_reason == "forgotten"
     assert (await memory.get(history.id)).replaced_by == newer.id  # history is never purged
-    fts = await memory.db.lexical("build cache", _facts_of(project), 10)
+    fts = await memory.engine.store.lexical("build cache", _facts_of(project), 10)
     assert fts == []  # its full-text rows went with it
 
 
@@ -251,14 +252,14 @@ async def test_restore_returns_records_field_for_field(
     before = (await memory.get(kept.id)).to_json()
     await memory.forget(kept.id, reason="no longer true")
     clock.advance(days=3)
-    [restored] = await maintenance.restore(memory, [kept.id])
+    [restored] = await memory.restore([kept.id])
     assert restored.to_json() == before
     hits = (await memory.search("staging database name", cwd=project)).hits
     assert hits and hits[0].record.id == kept.id
     with pytest.raises(InvalidInput, match="not archived"):
-        await maintenance.restore(memory, [kept.id])
+        await memory.restore([kept.id])
     with pytest.raises(NotFound):
-        await maintenance.restore(memory, ["f_NOPE"])
+        await memory.restore(["f_NOPE"])
 
 
 async def test_restoring_a_folded_record_undoes_the_fold(
@@ -267,7 +268,7 @@ async def test_restoring_a_folded_record_undoes_the_fold(
     first = await memory.store("Run the linter with make lint before pushing", cwd=project)
     second = await memory.store("Run the linter with make lint before a push", cwd=project)
     assert second.action == "folded"
-    [restored] = await maintenance.restore(memory, [first.id])
+    [restored] = await memory.restore([first.id])
     assert restored.current and restored.replaced_by is None and restored.embedder
     canonical = await memory.get(second.id)
     assert canonical.merged_from == [] and canonical.fold_count == 0 and canonical.embedder
@@ -279,13 +280,13 @@ async def test_project_done_archives_everything_and_restore_brings_it_back(
     fact = await memory.store("The staging database is called pigeon_stage", cwd=project)
     goal = await memory.store("Ship the beta", kind="goal", cwd=project)
     elsewhere = await memory.store("The frontend builds with vite", cwd=other_project)
-    assert await maintenance.archive_project(memory, project, dry_run=True) == 2
-    assert await maintenance.archive_project(memory, project) == 2
-    archived = await memory.db.archived((project_scope(project).key,))
+    assert await memory.archive_project(project, dry_run=True) == 2
+    assert await memory.archive_project(project) == 2
+    archived = await memory.engine.store.archived((project_scope(project).key,))
     assert {r.id for r in archived} == {fact.id, goal.id}
     assert {r.archived_reason for r in archived} == {"project-done"}
     assert (await memory.get(elsewhere.id)).current
-    await maintenance.restore(memory, [fact.id, goal.id])
+    await memory.restore([fact.id, goal.id])
     assert (await memory.get(fact.id)).current and (await memory.get(goal.id)).current
 
 
@@ -298,25 +299,25 @@ async def test_conflicts_resolve_each_way(memory: MemoryService, project: Path) 
 
     views = []
     cid, old_id, new_id = await conflict("Run tests with pytest -x", "Never run tests with -x")
-    views = await maintenance.open_conflicts(memory)
+    views = await memory.conflicts()
     assert [(v.new and v.new.id, v.old and v.old.id) for v in views] == [(new_id, old_id)]
-    closed, _ = await maintenance.resolve_conflict(memory, cid, "new")
+    closed, _ = await memory.resolve_conflict(cid, "new")
     assert closed.resolution == "kept new"
     assert (await memory.get(old_id)).replaced_by == new_id
     assert old_id in (await memory.get(new_id)).supersedes
     with pytest.raises(InvalidInput, match="already resolved"):
-        await maintenance.resolve_conflict(memory, cid, "old")
+        await memory.resolve_conflict(cid, "old")
 
     cid, old_id, new_id = await conflict("Deploy on Fridays", "Never deploy on Fridays")
-    closed, _ = await maintenance.resolve_conflict(memory, cid, "old")
+    closed, _ = await memory.resolve_conflict(cid, "old")
     assert (await memory.get(new_id)).archived_reason == f"conflict-{cid}"
     assert (await memory.get(old_id)).current
 
     cid, old_id, new_id = await conflict("Cache the wheels in CI", "Do not cache the wheels in CI")
     with pytest.raises(InvalidInput, match="--text"):
-        await maintenance.resolve_conflict(memory, cid, "merged")
-    closed, merged = await maintenance.resolve_conflict(
-        memory, cid, "merged", "Cache the wheels in CI except on release builds"
+        await memory.resolve_conflict(cid, "merged")
+    closed, merged = await memory.resolve_conflict(
+        cid, "merged", "Cache the wheels in CI except on release builds"
     )
     assert merged is not None and closed.resolution == f"merged into {merged.id}"
     current = await memory.get(merged.id)
@@ -324,13 +325,13 @@ async def test_conflicts_resolve_each_way(memory: MemoryService, project: Path) 
     for replaced in (old_id, new_id):
         assert (await memory.get(replaced)).replaced_by == merged.id
     with pytest.raises(NotFound):
-        await maintenance.resolve_conflict(memory, 999, "both")
-    assert await maintenance.open_conflicts(memory) == []
+        await memory.resolve_conflict(999, "both")
+    assert await memory.conflicts() == []
 
 
 async def test_only_the_lease_holder_runs_a_task(memory: MemoryService, clock: Clock) -> None:
-    first = Maintenance(memory, holder="first")
-    second = Maintenance(memory, holder="second")
+    first = Maintenance(memory.engine, holder="first")
+    second = Maintenance(memory.engine, holder="second")
     now = clock()
     assert await first._claim("purge", now)
     [report] = await second.run(["purge"])
@@ -338,7 +339,7 @@ async def test_only_the_lease_holder_runs_a_task(memory: MemoryService, clock: C
     clock.advance(seconds=memory.settings.maintenance.lease_seconds + 1)  # first stalled
     [report] = await second.run(["purge"])
     assert not report.skipped and report.counts == {"purged": 0}
-    state = (await memory.db.tasks())["purge"]
+    state = (await memory.engine.store.tasks())["purge"]
     assert state.holder is None and state.last_summary["counts"] == {"purged": 0}
 
 
@@ -346,23 +347,23 @@ async def test_a_failing_task_backs_off_doubling(
     memory: MemoryService, project: Path, clock: Clock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     await plant(memory, "The staging database is called pigeon_stage", project)
-    monkeypatch.setattr(memory.embeddings, "_state", "unavailable")
-    worker = Maintenance(memory)
+    monkeypatch.setattr(memory.engine.embeddings, "_state", "unavailable")
+    worker = Maintenance(memory.engine)
     [report] = await worker.run(["reembed"], due_only=True)
     assert "not ready" in report.error
-    state = (await memory.db.tasks())["reembed"]
+    state = (await memory.engine.store.tasks())["reembed"]
     assert state.failures == 1 and state.retry_after == _stamp(clock() + timedelta(minutes=5))
     [report] = await worker.run(["reembed"], due_only=True)
     assert report.skipped.startswith("waiting until")
     clock.advance(minutes=6)
     await worker.run(["reembed"], due_only=True)
-    state = (await memory.db.tasks())["reembed"]
+    state = (await memory.engine.store.tasks())["reembed"]
     assert state.failures == 2 and state.retry_after == _stamp(clock() + timedelta(minutes=10))
-    monkeypatch.setattr(memory.embeddings, "_state", "ready")
+    monkeypatch.setattr(memory.engine.embeddings, "_state", "ready")
     clock.advance(minutes=11)
     [report] = await worker.run(["reembed"], due_only=True)
     assert report.counts == {"embedded": 1} and not report.error
-    assert (await memory.db.tasks())["reembed"].failures == 0
+    assert (await memory.engine.store.tasks())["reembed"].failures == 0
 
 
 def _facts_of(root: Path) -> Filters:
@@ -388,7 +389,7 @@ async def test_insights_summarize_related_facts_and_follow_their_sources(
     facts = [await memory.store(t, cwd=project) for t in INSIGHT_FACTS]
     assert [f.action for f in facts] == ["inserted"] * 3
     await memory.store("Deploys go through GitHub Actions to Fly.io", cwd=project)
-    worker = Maintenance(memory)
+    worker = Maintenance(memory.engine)
     [report] = await worker.run(["insights"])
     assert report.counts == {"written": 1, "retired": 0}
     result = await memory.unified_search("how do I run the pytest suite", cwd=project)
@@ -459,7 +460,7 @@ async def _refined(memory: MemoryService, project: Path, llm: Any) -> Record:
     old = await plant(memory, DUPLICATES[0][0], project, days_ago=2)
     new = await plant(memory, DUPLICATES[0][1], project, days_ago=1)
     await memory.reembed()
-    [report] = await Maintenance(memory, llm=llm).run(["consolidate"])
+    [report] = await Maintenance(memory.engine, llm=llm).run(["consolidate"])
     assert report.counts == {"folded": 1}
     record = await memory.get(new.id)
     assert [m.id for m in record.merged_from] == [old.id]
@@ -497,9 +498,9 @@ async def test_an_llm_writes_insights_and_rules_stand_in_when_it_fails(
     url, seen = chat_server
     for text in INSIGHT_FACTS:
         await memory.store(text, cwd=project)
-    [report] = await Maintenance(memory, llm=ChatEndpoint(url, "stand-in")).run(["insights"])
+    [report] = await Maintenance(memory.engine, llm=ChatEndpoint(url, "stand-in")).run(["insights"])
     assert report.counts == {"written": 1, "retired": 0}
-    [insight] = await memory.db.current(_insights_of(project), 10)
+    [insight] = await memory.engine.store.current(_insights_of(project), 10)
     assert insight.content == "Lint with make lint before a push."  # the stand-in's answer
     assert insight.meta["method"] == "chat:stand-in"
     assert all(t in seen[0]["body"]["messages"][0]["content"] for t in INSIGHT_FACTS)
@@ -511,9 +512,9 @@ async def test_insights_fall_back_to_rules_when_the_llm_fails(
     for text in INSIGHT_FACTS:
         await memory.store(text, cwd=project)
     failing = Command(f"{tmp_path}/missing-command")
-    [report] = await Maintenance(memory, llm=failing).run(["insights"])
+    [report] = await Maintenance(memory.engine, llm=failing).run(["insights"])
     assert report.counts == {"written": 1, "retired": 0}
-    [insight] = await memory.db.current(_insights_of(project), 10)
+    [insight] = await memory.engine.store.current(_insights_of(project), 10)
     assert insight.meta["method"] == "rules" and "3 related memories" in insight.content
 
 
@@ -524,7 +525,7 @@ def _insights_of(root: Path) -> Filters:
 async def test_without_an_llm_the_sweep_keeps_the_text(
     memory: MemoryService, project: Path
 ) -> None:
-    assert Maintenance(memory).llm is None
+    assert Maintenance(memory.engine).llm is None
     record = await _refined(memory, project, None)
     assert record.content == DUPLICATES[0][1] and "previous_texts" not in record.meta
 
@@ -555,15 +556,15 @@ async def test_rows_converge_to_a_new_embedder_without_a_command(
     async with MemoryService.open(
         settings, database=database, embedder=FakeEmbedder(name="fake:new"), wait_for_embedder=10
     ) as memory:
-        assert await memory.db.count_needing_embedding("fake:new") == 3
+        assert await memory.engine.store.count_needing_embedding("fake:new") == 3
         waiting = await memory.search("billing module", cwd=project)
         assert [h.record.id for h in waiting.hits][:1] == [stored[0].id]  # found by words
         assert any("3 records still await vectors" in w for w in waiting.warnings)
         async with anyio.create_task_group() as group:
-            group.start_soon(maintenance.loop, memory)  # its first check runs at once
+            group.start_soon(memory.maintenance_loop)  # its first check runs at once
 
             async def all_embedded() -> bool:  # the loop, another task, writes the vectors
-                return not await memory.db.count_needing_embedding("fake:new")
+                return not await memory.engine.store.count_needing_embedding("fake:new")
 
             await eventually(all_embedded, within=10, what="the loop to embed the 3 records")
             group.cancel_scope.cancel()
@@ -682,12 +683,12 @@ async def test_six_months_of_use_dry_runs_match_and_everything_is_reversible(
                 if day % 2 == 0:
                     await memory.search(TOPICS[(day + 1) % len(TOPICS)].split("{")[0], cwd=root)
             if day == 100:
-                assert await maintenance.archive_project(memory, roots["finished"]) > 0
+                assert await memory.archive_project(roots["finished"]) > 0
             if day % 7 == 6:
                 snapshot = {r["id"]: r async for r in _records(memory)}
-                planned = await maintenance.dry_run(memory)
+                planned = await memory.maintain(dry_run=True)
                 assert {r["id"]: r async for r in _records(memory)} == snapshot
-                done = await Maintenance(memory).run()
+                done = await Maintenance(memory.engine).run()
                 assert [r.to_json() for r in planned] == [r.to_json() for r in done], day
                 after = {r["id"]: r async for r in _records(memory)}
                 purged = set(snapshot) - set(after)
@@ -708,19 +709,19 @@ async def test_six_months_of_use_dry_runs_match_and_everything_is_reversible(
         assert totals["purge.purged"] > 0 and totals["staleness.archived"] > 0, totals
         # Restore what staleness archived and is still within the grace window.
         dormant = [i for i, why in archived_by.items() if why == "dormant"]
-        kept = [r.id for r in await memory.db.get_many(dormant)]
+        kept = [r.id for r in await memory.engine.store.get_many(dormant)]
         assert kept, totals
-        restored = await maintenance.restore(memory, kept)
+        restored = await memory.restore(kept)
         for record in restored:
             assert record.to_json() == before_archive[record.id]
-        done_records = await memory.db.archived(
+        done_records = await memory.engine.store.archived(
             (project_scope(roots["finished"]).key,), reason="project-done"
         )
         assert done_records == []  # archived on day 100: purged after the grace window
 
 
 async def _records(memory: MemoryService) -> AsyncIterator[dict[str, Any]]:
-    async for record in memory.db.iter_records():
+    async for record in memory.engine.store.iter_records():
         yield record.to_json()
 
 
@@ -747,10 +748,10 @@ async def test_a_restored_dormant_fact_is_not_archived_again_at_once(
 ) -> None:
     fact = await memory.store("The staging database is called pigeon_stage", cwd=project)
     clock.advance(days=100)
-    worker = Maintenance(memory)
+    worker = Maintenance(memory.engine)
     [report] = await worker.run(["staleness"])
     assert report.counts == {"archived": 1, "projects": 1}
-    await maintenance.restore(memory, [fact.id])
+    await memory.restore([fact.id])
     clock.advance(hours=2)
     [again] = await worker.run(["staleness"])
     assert again.counts == {} and (await memory.get(fact.id)).current
@@ -769,7 +770,7 @@ async def test_a_folded_record_comes_back_field_for_field(
     assert second.action == "folded"
     holder = await memory.get(second.id)
     assert holder.access_count == 1 and holder.fold_count == 1
-    [restored] = await maintenance.restore(memory, [first.id])
+    [restored] = await memory.restore([first.id])
     assert restored.to_json() == before
     holder = await memory.get(second.id)
     assert (holder.merged_from, holder.fold_count, holder.access_count) == ([], 0, 0)
@@ -778,16 +779,24 @@ async def test_a_folded_record_comes_back_field_for_field(
 async def test_a_task_whose_lease_was_taken_over_stops(
     memory: MemoryService, project: Path, clock: Clock
 ) -> None:
-    slow = Maintenance(memory, holder="slow")
+    slow = Maintenance(memory.engine, holder="slow")
     assert await slow._claim("consolidate", clock())
-    slow._task = "consolidate"
+    run = TaskRun(
+        memory.engine,
+        "consolidate",
+        holder="slow",
+        llm=None,
+        dry_run=False,
+        cursor={},
+        claimed=clock(),
+    )
     clock.advance(seconds=memory.settings.maintenance.lease_seconds + 1)
-    [report] = await Maintenance(memory, holder="other").run(["consolidate"])
+    [report] = await Maintenance(memory.engine, holder="other").run(["consolidate"])
     assert not report.skipped  # the stalled lease was free to take
-    async with memory.db.write() as tx:
+    async with memory.engine.store.write() as tx:
         assert await tx.claim("consolidate", "other", _stamp(clock()), _stamp(clock()))
     with pytest.raises(maintenance.LeaseLost):
-        await slow._renew()
+        await run.renew()
 
 
 async def test_purge_takes_the_history_of_a_forgotten_fact_and_keeps_a_folds(
@@ -803,13 +812,16 @@ async def test_purge_takes_the_history_of_a_forgotten_fact_and_keeps_a_folds(
     # the current one is absorbed by a sweep-like fold: its history moves to the holder
     holder = await plant(memory, "The web app's minimum Node version is 20", project)
     await memory.reembed()
-    [swept] = await Maintenance(memory).run(["consolidate"])
+    [swept] = await Maintenance(memory.engine).run(["consolidate"])
     assert swept.counts == {"folded": 1}
     assert (await memory.get(kept_new.id)).replaced_by == holder.id
     clock.advance(days=31)
-    [report] = await Maintenance(memory).run(["purge"])
+    [report] = await Maintenance(memory.engine).run(["purge"])
     assert report.counts == {"purged": 3}  # v16, its history v15, and the folded record
-    assert await memory.db.get(v15.id) is None and await memory.db.get(v16.id) is None
+    assert (
+        await memory.engine.store.get(v15.id) is None
+        and await memory.engine.store.get(v16.id) is None
+    )
     history = await memory.get(kept_old.id)
     assert (
         history.replaced_by == holder.id and kept_old.id in (await memory.get(holder.id)).supersedes
@@ -838,10 +850,10 @@ async def stored_before_the_rules(memory: MemoryService, root: Path) -> dict[str
     }
     newer = await old("Sessions live in the database now")
     holder, folded = records["holder"], await old(f"Cache: {REDIS_URL}")
-    at = format_time(memory.clock())
+    at = format_time(memory.engine.clock())
     entry = absorb(holder, folded, at)
     holder.meta = {"previous_texts": [{"content": f"Redis at {REDIS_URL}", "by": "llm"}]}
-    async with memory.db.write() as tx:
+    async with memory.engine.store.write() as tx:
         await tx.replace(records["history"], newer.id)
         await tx.archive(records["archived"].id, "forgotten", at)
         await tx.update_merged(holder, at)
@@ -852,18 +864,18 @@ async def stored_before_the_rules(memory: MemoryService, root: Path) -> dict[str
 
 async def found_by_words(memory: MemoryService, root: Path, text: str) -> list[str]:
     filters = Filters(scope_keys=(project_scope(root).key,), corpora=("facts",))
-    return [item.record.id for item in await memory.db.lexical(text, filters, 10)]
+    return [item.record.id for item in await memory.engine.store.lexical(text, filters, 10)]
 
 
 async def test_the_secrets_task_redacts_what_was_stored_before_its_rules(
     memory: MemoryService, project: Path
 ) -> None:
     records = await stored_before_the_rules(memory, project)
-    identity = memory.embeddings.identity
-    assert identity is not None and await memory.db.count_needing_embedding(identity) == 0
+    identity = memory.engine.embeddings.identity
+    assert identity is not None and await memory.engine.store.count_needing_embedding(identity) == 0
     assert await found_by_words(memory, project, "s3cr3tP4ss") == [records["holder"].id]
 
-    [report] = await Maintenance(memory).run(["secrets"])
+    [report] = await Maintenance(memory.engine).run(["secrets"])
 
     assert report.counts == {
         "scanned": 7,
@@ -871,7 +883,7 @@ async def test_the_secrets_task_redacts_what_was_stored_before_its_rules(
         "aws-secret-access-key": 1,
         "url-credentials": 5,  # one in the holder's folded text, one in its earlier text
     }
-    everything = json.dumps([r.to_json() async for r in memory.db.iter_records()])
+    everything = json.dumps([r.to_json() async for r in memory.engine.store.iter_records()])
     assert AWS_SECRET not in everything and "s3cr3tP4ss" not in everything
     assert "[REDACTED:url-credentials]" in (await memory.get(records["history"].id)).content
     assert (await memory.get(records["archived"].id)).archived_reason == "forgotten"
@@ -880,12 +892,12 @@ async def test_the_secrets_task_redacts_what_was_stored_before_its_rules(
     # made from the secret's text are gone, and made again.
     assert await found_by_words(memory, project, "s3cr3tP4ss") == []
     assert records["holder"].id in await found_by_words(memory, project, "cache redis")
-    assert (await diagnose(memory.db)).healthy
-    assert await memory.db.count_needing_embedding(identity) == 2  # current and holder
+    assert (await diagnose(memory.engine.store)).healthy
+    assert await memory.engine.store.count_needing_embedding(identity) == 2  # current and holder
     # No secret in what the run reports or records.
-    state = (await memory.db.tasks())["secrets"]
+    state = (await memory.engine.store.tasks())["secrets"]
     assert "s3cr3tP4ss" not in json.dumps([report.to_json(), state.last_summary, state.cursor])
-    [reembedded] = await Maintenance(memory).run(["reembed"])
+    [reembedded] = await Maintenance(memory.engine).run(["reembed"])
     assert reembedded.counts == {"embedded": 2}
 
 
@@ -893,13 +905,13 @@ async def test_the_secrets_task_runs_once_per_rule_set_and_twice_changes_nothing
     memory: MemoryService, project: Path
 ) -> None:
     await stored_before_the_rules(memory, project)
-    worker = Maintenance(memory)
+    worker = Maintenance(memory.engine)
     [first] = await worker.run(["secrets"], due_only=True)
     assert first.counts["redacted"] == 5
     [later] = await worker.run(["secrets"], due_only=True)
     assert later.skipped == "the stored texts were scanned with the current rules"
     before = await _snapshot(memory)
-    async with memory.db.write() as tx:  # as if the texts were scanned by older rules
+    async with memory.engine.store.write() as tx:  # as if the texts were scanned by older rules
         assert await tx.claim("secrets", "test", "", "")
         assert await tx.finish(TaskState(task="secrets", cursor={"rules": "1:older"}), "test")
     [again] = await worker.run(["secrets"], due_only=True)
@@ -912,9 +924,9 @@ async def test_a_dry_run_counts_the_secrets_task_and_changes_nothing(
 ) -> None:
     await stored_before_the_rules(memory, project)
     before = await _snapshot(memory)
-    [planned] = await maintenance.dry_run(memory, ["secrets"])
+    [planned] = await memory.maintain(dry_run=True, tasks=["secrets"])
     assert await _snapshot(memory) == before
-    [done] = await Maintenance(memory).run(["secrets"])
+    [done] = await Maintenance(memory.engine).run(["secrets"])
     assert planned.to_json() == done.to_json() and done.counts["redacted"] == 5
 
 
@@ -923,9 +935,9 @@ async def test_the_secrets_task_is_off_with_the_scan(
 ) -> None:
     await stored_before_the_rules(memory, project)
     settings.write.secrets = "off"
-    [report] = await Maintenance(memory).run(["secrets"])
+    [report] = await Maintenance(memory.engine).run(["secrets"])
     assert report.skipped == "write.secrets is off"
-    [due] = await Maintenance(memory).run(["secrets"], due_only=True)
+    [due] = await Maintenance(memory.engine).run(["secrets"], due_only=True)
     assert due.skipped == "write.secrets is off"
     assert "s3cr3tP4ss" in json.dumps(await _snapshot(memory))
 
@@ -936,7 +948,7 @@ async def test_the_secrets_task_rewrites_only_secrets_whose_shape_names_them(
     """A labelled value is a guess: shown redacted, never rewritten in the store."""
     labelled = await plant(memory, "The staging password is Hunter2-staging!", project, scan=False)
     words = await plant(memory, "The login flow uses auth: oauth2 with PKCE", project, scan=False)
-    [report] = await Maintenance(memory).run(["secrets"])
+    [report] = await Maintenance(memory.engine).run(["secrets"])
     assert report.counts.get("redacted", 0) == 0
     assert (await memory.get(labelled.id)).content == "The staging password is Hunter2-staging!"
     assert (await memory.get(words.id)).content == "The login flow uses auth: oauth2 with PKCE"

@@ -82,10 +82,12 @@ async def test_neighbours_in_time_stay_in_their_project_and_skip_what_is_gone(
         "Caroline: An unrelated note", cwd=other_project, created_at=T0 + timedelta(minutes=1)
     )
     ids["elsewhere"] = elsewhere.id
-    embedder = memory.embeddings.identity
+    embedder = memory.engine.embeddings.identity
     assert embedder is not None
     within = 30 * 60.0
-    around = await memory.db.in_conversation([*ids.values(), "no-such-id"], within, embedder)
+    around = await memory.engine.store.in_conversation(
+        [*ids.values(), "no-such-id"], within, embedder
+    )
     # Same creation time: both are each other's neighbour; the other project's note
     # and the records hours or days away are nobody's.
     assert _neighbours(around, ids) == {
@@ -102,14 +104,14 @@ async def test_neighbours_in_time_stay_in_their_project_and_skip_what_is_gone(
     neighbour = around[ids["question"]].neighbours[ids["reply"]]
     assert float(np.abs(neighbour - vector).max()) < 1e-6
     await memory.forget(ids["reply"], cwd=project)
-    around = await memory.db.in_conversation([ids["question"]], within, embedder)
+    around = await memory.engine.store.in_conversation([ids["question"]], within, embedder)
     assert around[ids["question"]].neighbours == {}
     # A wider window reaches across the hours (and the days); none reads only the records.
-    wide = await memory.db.in_conversation([ids["question"]], 3 * 86400.0, embedder)
+    wide = await memory.engine.store.in_conversation([ids["question"]], 3 * 86400.0, embedder)
     assert _neighbours(wide, ids) == {"question": ["earlier", "later"]}
-    alone = await memory.db.in_conversation([ids["question"]], 0, embedder)
+    alone = await memory.engine.store.in_conversation([ids["question"]], 0, embedder)
     assert _neighbours(alone, ids) == {"question": []}
-    assert await memory.db.in_conversation([ids["question"]], within, "other:model") == {}
+    assert await memory.engine.store.in_conversation([ids["question"]], within, "other:model") == {}
 
 
 async def test_feedback_reorders_the_relevant_hits_and_admits_none(

@@ -35,7 +35,7 @@ TOOLS = {
 
 
 async def count_records(memory: MemoryService) -> int:
-    stats = await memory.db.stats()
+    stats = await memory.engine.store.stats()
     return sum(stats.records.values())
 
 
@@ -149,7 +149,7 @@ async def test_a_cwd_inside_the_roots_wins_and_one_outside_them_is_refused(
             assert result.is_error, outside
             text = result.content[0].text  # type: ignore[union-attr]
             assert "outside the client's roots" in text or "not an existing directory" in text
-    assert (await memory.db.stats()).records == {("facts", "project", "current"): 1}
+    assert (await memory.engine.store.stats()).records == {("facts", "project", "current"): 1}
 
 
 async def test_without_cwd_or_roots_the_process_cwd_is_the_project(
@@ -232,7 +232,7 @@ async def test_project_search_fans_out_over_every_corpus_and_labels_hits(
     memory: MemoryService, project: Path
 ) -> None:
     (project / "README.md").write_text("# Release\n\nReleases are cut from the main branch.\n")
-    await ingest(memory, project)
+    await ingest(memory.engine, project)
     async with in_process(memory) as c:
         await call(c, "memory_store", content="Releases need a changelog entry", cwd=str(project))
         await call(
@@ -327,7 +327,7 @@ async def put(
     meta: dict[str, Any] | None = None,
 ) -> str:
     """A record written directly (insights and chunks are not storable by tools)."""
-    vectors = await memory._embed_records([content])
+    vectors = await memory.engine.embed_records([content])
     record = Record(
         id=new_id(corpus),  # type: ignore[arg-type]
         corpus=corpus,  # type: ignore[arg-type]
@@ -339,10 +339,10 @@ async def put(
         created_at=at,
         updated_at=at,
         importance=0.5,
-        embedder=memory.embeddings.identity if vectors else None,
+        embedder=memory.engine.embeddings.identity if vectors else None,
         meta=meta or {},
     )
-    async with memory.db.write() as tx:
+    async with memory.engine.store.write() as tx:
         await tx.insert(record, vectors[0] if vectors else None)
     return record.id
 
@@ -463,14 +463,14 @@ async def test_unified_a_failing_source_warns_and_the_others_answer(
     three_sources: dict[str, str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    lexical = memory.db.lexical
+    lexical = memory.engine.store.lexical
 
     async def broken(text: str, filters: Filters, k: int) -> Any:
         if filters.corpora == ("knowledge",):
             raise StorageError("database disk image is malformed")
         return await lexical(text, filters, k)
 
-    monkeypatch.setattr(memory.db, "lexical", broken)
+    monkeypatch.setattr(memory.engine.store, "lexical", broken)
     result = await unified(memory, project, query="redis cache", threshold=0)
     assert {r["type"] for r in result["results"]} == {"memory", "insights"}
     (warning,) = result["warnings"]
@@ -485,13 +485,13 @@ async def test_unified_embeds_the_query_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     calls: list[list[str]] = []
-    embed = memory.embeddings.embed
+    embed = memory.engine.embeddings.embed
 
     async def counting(texts: list[str]) -> Any:
         calls.append(list(texts))
         return await embed(texts)
 
-    monkeypatch.setattr(memory.embeddings, "embed", counting)
+    monkeypatch.setattr(memory.engine.embeddings, "embed", counting)
     await unified(memory, project, query="redis cache", threshold=0)
     assert calls == [["redis cache"]]
 
@@ -590,13 +590,13 @@ async def test_the_first_store_and_search_wait_for_the_model_that_is_loading(
         MemoryService.open(Settings(), database=tmp_path / "slow.db", embedder=slow) as memory,
         in_process(memory) as c,
     ):
-        waited = memory.embeddings.wait_settled
+        waited = memory.engine.embeddings.wait_settled
 
         async def wait_then_load(seconds: float) -> bool:
             slow.release.set()  # the model finishes loading only once a call waits for it
             return await waited(seconds)
 
-        monkeypatch.setattr(memory.embeddings, "wait_settled", wait_then_load)
+        monkeypatch.setattr(memory.engine.embeddings, "wait_settled", wait_then_load)
         stored = await call(c, "memory_store", content="Docs live in docs/", cwd=str(project))
         assert (await memory.get(stored["id"])).embedder == slow.name  # decided with vectors
         found = await call(c, "memory_search", query="docs", cwd=str(project))
@@ -622,7 +622,7 @@ async def test_tools_answer_lexically_once_the_wait_for_the_model_runs_out(
         assert early["warnings"] and "lexical search only" in early["warnings"][0]
         assert len(early["results"]) == 1
         slow.release.set()
-        assert await memory.embeddings.wait_settled(30)
+        assert await memory.engine.embeddings.wait_settled(30)
         later = await call(c, "memory_search", query="docs", cwd=str(project))
         assert later["mode"] == "hybrid"
         # the memory stored while the model loaded is still found, and the answer says why

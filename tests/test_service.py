@@ -95,7 +95,7 @@ async def test_a_contradiction_keeps_both_and_records_a_conflict(
     old = await memory.store("Run tests with pytest -x", cwd=project)
     new = await memory.store("Never run tests with -x", cwd=project)
     assert new.action == "conflict" and new.related_id == old.id and new.conflict_id
-    conflicts = await memory.db.conflicts(open_only=True)
+    conflicts = await memory.engine.store.conflicts(open_only=True)
     assert [(c.record_id, c.other_id) for c in conflicts] == [(new.id, old.id)]
     hits = (await memory.search("run tests -x", cwd=project)).hits
     assert {h.record.id for h in hits} == {old.id, new.id}
@@ -159,7 +159,7 @@ async def test_bad_input_is_refused_with_what_to_change_and_nothing_written(
     kwargs.setdefault("cwd", project)
     with pytest.raises(InvalidInput, match=message):
         await memory.store(**kwargs)  # type: ignore[arg-type]
-    stats = await memory.db.stats()
+    stats = await memory.engine.store.stats()
     assert stats.records == {}
 
 
@@ -191,7 +191,7 @@ async def test_the_reject_policy_refuses_secrets_without_echoing_them(
         with pytest.raises(SecretRejected) as raised:
             await memory.store("password = hunter2hunter2", cwd=project)
         assert "hunter2" not in str(raised.value)
-        assert (await memory.db.stats()).records == {}
+        assert (await memory.engine.store.stats()).records == {}
 
 
 async def test_filters_apply_before_the_limit(memory: MemoryService, project: Path) -> None:
@@ -279,7 +279,7 @@ async def test_store_many_validates_everything_before_writing(
 ) -> None:
     with pytest.raises(InvalidInput):
         await memory.store_many([StoreRequest("fine", cwd=project), StoreRequest("", cwd=project)])
-    assert (await memory.db.stats()).records == {}
+    assert (await memory.engine.store.stats()).records == {}
     results = await memory.store_valid(
         [StoreRequest("fine", cwd=project), StoreRequest("", cwd=project)]
     )
@@ -293,9 +293,11 @@ async def test_a_folded_record_is_still_found_by_the_words_of_what_it_absorbed(
     await memory.store("Use uv sync to install the locked dependencies.", cwd=project)
     folded = await memory.store("use UV SYNC to install the locked dependencies", cwd=project)
     assert folded.action == "folded"
-    lexical = await memory.db.lexical("Use uv sync locked dependencies", memory_filters(project), 5)
+    lexical = await memory.engine.store.lexical(
+        "Use uv sync locked dependencies", memory_filters(project), 5
+    )
     assert [s.record.id for s in lexical] == [folded.id]
-    vectors = await memory.db.stats()
+    vectors = await memory.engine.store.stats()
     assert vectors.vector_indexes[0][3] == 2  # its own passage plus the absorbed one
 
 
@@ -312,9 +314,9 @@ async def test_a_server_loads_its_projects_vectors_ahead_of_use(
     ) as first:
         assert (await first.store("The billing service runs on port 8080", cwd=project)).embedded
     async with MemoryService.open(settings, database=database, embedder=FakeEmbedder()) as fresh:
-        assert fresh.db.vector_copy_bytes == 0
+        assert fresh.engine.store.vector_copy_bytes == 0
         await fresh.warm_up(project)
-        assert fresh.db.vector_copy_bytes > 0
+        assert fresh.engine.store.vector_copy_bytes > 0
 
 
 async def test_a_record_without_a_vector_is_as_relevant_as_the_share_of_the_question_it_holds(
@@ -332,10 +334,10 @@ async def test_a_record_without_a_vector_is_as_relevant_as_the_share_of_the_ques
         importance=None,
         tags=(),
         agent="test",
-        at=memory.clock(),
+        at=memory.engine.clock(),
         settings=memory.settings.write,
     )
-    async with memory.db.write() as tx:  # stored while the model was away: no vector
+    async with memory.engine.store.write() as tx:  # stored while the model was away: no vector
         await tx.insert(draft.record, None)
     asked = await memory.search("what is the weather on Friday in Paris", cwd=project)
     [hit] = [h for h in asked.hits if h.record.id == draft.record.id]

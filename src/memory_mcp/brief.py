@@ -31,10 +31,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from memory_mcp import ranker
-from memory_mcp.records import Record, parse_time
+from memory_mcp.engine import Engine
+from memory_mcp.records import Record, age
 from memory_mcp.scope import GLOBAL_KEY
 from memory_mcp.secret_scan import redact_text
-from memory_mcp.service import MemoryService
 from memory_mcp.storage.base import Filters
 
 TITLE = "## Project memory (memory-mcp)"
@@ -75,18 +75,6 @@ class Brief:
         return not self.ids
 
 
-def age(created_at: str, now: datetime) -> str:
-    """A short age: now, 5m, 3h, 2d, 5w, 4mo, 2y."""
-    seconds = max(0.0, (now - parse_time(created_at)).total_seconds())
-    for unit, size in (("y", 365 * 86400), ("mo", 30 * 86400), ("w", 7 * 86400)):
-        if seconds >= 2 * size or (unit == "w" and seconds >= size):
-            return f"{int(seconds // size)}{unit}"
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{int(seconds // size)}{unit}"
-    return "now"
-
-
 _TILDES = re.compile(r"~{3,}")
 # A line shows a few hundred characters; what follows them is not scanned for secrets.
 _SCAN_BEYOND = 1024
@@ -106,9 +94,7 @@ def _one_line(text: str, limit: int, *, redact: bool) -> str:
     return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"
 
 
-async def top_by_prior(
-    memory: MemoryService, filters: Filters, now: datetime, count: int
-) -> list[Record]:
+async def top_by_prior(engine: Engine, filters: Filters, now: datetime, count: int) -> list[Record]:
     """The ``count`` current records with the highest prior, best first (ties by id).
 
     The store computes the prior of every candidate its own way and returns the
@@ -117,14 +103,14 @@ async def top_by_prior(
     """
     if count <= 0:
         return []
-    config = memory.ranking
-    rows = await memory.db.top_by_prior(filters, config, now, 2 * count + 10)
+    config = engine.ranking
+    rows = await engine.store.top_by_prior(filters, config, now, 2 * count + 10)
     ranked = sorted(rows, key=lambda row: (-ranker.prior(row[0], now, config), row[0].id))
     return [record for record, _ in ranked[:count]]
 
 
 async def build_brief(
-    memory: MemoryService,
+    engine: Engine,
     cwd: str | Path | None = None,
     *,
     now: datetime | None = None,
@@ -138,29 +124,29 @@ async def build_brief(
             no "as of" time, so the text changes only when the memory does (what
             ``inject`` writes into prompt files, to avoid churn).
     """
-    settings = memory.settings.brief
-    now = now or memory.clock()
+    settings = engine.settings.brief
+    now = now or engine.clock()
     budget = budget or settings.budget_tokens
-    project = memory.scope_keys("project", cwd)[0]
+    project = engine.scope_keys("project", cwd)[0]
     width = settings.line_chars
 
     def when(record: Record) -> str:
         return record.created_at[:10] if dated else age(record.created_at, now)
 
     def line(record: Record, limit: int) -> str:
-        return _one_line(record.content, limit, redact=memory.redacts)
+        return _one_line(record.content, limit, redact=engine.redacts)
 
-    docs = await memory.db.current(Filters(scope_keys=(project,), corpora=("docs",)), 10)
+    docs = await engine.store.current(Filters(scope_keys=(project,), corpora=("docs",)), 10)
     latest = {kind: next((r for r in docs if r.kind == kind), None) for kind in ("goal", "plan")}
-    journal = await memory.db.current(
+    journal = await engine.store.current(
         Filters(scope_keys=(project,), corpora=("journal",)), settings.journal_entries
     )
     wanted = max(1, (budget * 4) // 40)  # more lines than can fit: the budget decides
     facts = await top_by_prior(
-        memory, Filters(scope_keys=(project,), corpora=("facts",)), now, wanted
+        engine, Filters(scope_keys=(project,), corpora=("facts",)), now, wanted
     )
     global_facts = await top_by_prior(
-        memory, Filters(scope_keys=(GLOBAL_KEY,), corpora=("facts",)), now, wanted
+        engine, Filters(scope_keys=(GLOBAL_KEY,), corpora=("facts",)), now, wanted
     )
 
     head = [
@@ -169,7 +155,7 @@ async def build_brief(
         if r is not None
     ]
     disputed: dict[str, int] = {}
-    for conflict in await memory.db.open_conflicts_of([r.id for r in [*facts, *global_facts]]):
+    for conflict in await engine.store.open_conflicts_of([r.id for r in [*facts, *global_facts]]):
         disputed.setdefault(conflict.record_id, conflict.id)
         disputed.setdefault(conflict.other_id, conflict.id)
 

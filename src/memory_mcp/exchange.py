@@ -24,10 +24,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
+from memory_mcp.engine import Engine
 from memory_mcp.errors import InvalidInput
 from memory_mcp.records import Conflict, Record, format_time, utcnow
 from memory_mcp.secret_scan import redact_record
-from memory_mcp.service import MemoryService
 
 EXPORT_FORMAT = "memory-mcp-export"
 EXPORT_VERSION = 1
@@ -77,14 +77,14 @@ def record_line(record: Record) -> str:
     return json.dumps({"type": "record", **record.to_json()}, ensure_ascii=False)
 
 
-async def export_jsonl(memory: MemoryService, out: TextIO) -> ExportSummary:
+async def export_jsonl(engine: Engine, out: TextIO) -> ExportSummary:
     """Write the whole store to ``out``."""
     out.write(header_line() + "\n")
     records = 0
-    async for record in memory.db.iter_records():
+    async for record in engine.store.iter_records():
         out.write(record_line(record) + "\n")
         records += 1
-    conflicts = await memory.db.conflicts()
+    conflicts = await engine.store.conflicts()
     for conflict in conflicts:
         out.write(json.dumps({"type": "conflict", **conflict.to_json()}, ensure_ascii=False) + "\n")
     return ExportSummary(records, len(conflicts))
@@ -133,7 +133,7 @@ def parse_export(lines: Iterable[str]) -> tuple[list[Record], list[Conflict]]:
 
 
 async def import_jsonl(
-    memory: MemoryService,
+    engine: Engine,
     lines: Iterable[str],
     *,
     progress: Callable[[int, int], None] | None = None,
@@ -146,12 +146,12 @@ async def import_jsonl(
         embed_progress: called with (records embedded, records to embed).
     """
     records, conflicts = parse_export(lines)
-    if memory.settings.write.secrets != "off":
+    if engine.settings.write.secrets != "off":
         records = [redact_record(record)[0] for record in records]
     added = skipped = 0
     for start in range(0, len(records), _IMPORT_BATCH):
         batch = records[start : start + _IMPORT_BATCH]
-        async with memory.db.write() as tx:
+        async with engine.store.write() as tx:
             for record in batch:
                 # The vectors are not in the file: the record waits for the re-embed.
                 if await tx.insert_raw(replace(record, embedder=None)):
@@ -162,12 +162,12 @@ async def import_jsonl(
             progress(start + len(batch), len(records))
     conflicts_added = 0
     if conflicts:
-        async with memory.db.write() as tx:
+        async with engine.store.write() as tx:
             for conflict in conflicts:
                 conflicts_added += int(await tx.import_conflict(conflict))
     embedded = 0
-    await memory.embeddings.settle()
-    if memory.embeddings.ready and added:
-        embedded = (await memory.reembed(progress=embed_progress)).embedded
-    awaiting = await memory.db.count_needing_embedding(memory.embeddings.identity)
+    await engine.embeddings.settle()
+    if engine.embeddings.ready and added:
+        embedded = (await engine.reembed(progress=embed_progress)).embedded
+    awaiting = await engine.store.count_needing_embedding(engine.embeddings.identity)
     return ImportSummary(added, skipped, conflicts_added, embedded, awaiting)

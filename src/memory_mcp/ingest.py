@@ -5,7 +5,7 @@ agents' instruction files, or the files and directories given), cuts each into
 heading-aware chunks and stores them as ``chunk`` records of the project scope:
 
     async with MemoryService.open(settings) as memory:
-        summary = await ingest(memory, project_root(cwd))
+        summary = await memory.ingest(cwd)
 
 Only what changed is re-chunked. Every chunk carries the sha256 of its file's
 text (without any block ``inject`` wrote, which is never ingested) in
@@ -35,11 +35,11 @@ from typing import Protocol
 import anyio
 
 from memory_mcp.blocks import without_blocks
+from memory_mcp.engine import Engine
 from memory_mcp.errors import InvalidInput, NotFound
 from memory_mcp.records import Record, format_time
 from memory_mcp.scope import Scope
 from memory_mcp.secret_scan import redact
-from memory_mcp.service import MemoryService
 from memory_mcp.storage.base import Filters, Vector
 from memory_mcp.write import Draft, clean_text, prepare
 
@@ -378,7 +378,7 @@ def _same_file(chunks: Sequence[Record], digest: str) -> bool:
 
 
 async def ingest(
-    memory: MemoryService,
+    engine: Engine,
     root: Path,
     paths: Sequence[Path] = (),
     *,
@@ -396,7 +396,7 @@ async def ingest(
     inserting its new ones is one transaction.
 
     Args:
-        memory: the open service.
+        engine: the open engine.
         root: the project root, already resolved; its path is the scope key.
         paths: files or directories, absolute or relative to ``root``.
         agent: recorded as the chunks' author.
@@ -409,14 +409,14 @@ async def ingest(
     """
     scope = Scope.project(root)
     found = await anyio.to_thread.run_sync(_discover, root, tuple(paths))
-    stored = await _stored_chunks(memory.db, scope.key)
+    stored = await _stored_chunks(engine.store, scope.key)
     summary = IngestSummary(files=len(found.files), skipped=list(found.skipped))
     gone = await anyio.to_thread.run_sync(_gone, found, list(stored), bool(paths))
-    return await _ingest_files(memory, scope, found.files, stored, gone, summary, agent, progress)
+    return await _ingest_files(engine, scope, found.files, stored, gone, summary, agent, progress)
 
 
 async def _ingest_files(
-    memory: MemoryService,
+    engine: Engine,
     scope: Scope,
     files: dict[str, Path],
     stored: dict[str, list[Record]],
@@ -426,10 +426,10 @@ async def _ingest_files(
     progress: Callable[[int, int], None] | None,
 ) -> IngestSummary:
     """Ingest ``files`` (stored path -> file), then archive the chunks of ``gone`` paths."""
-    size = min(CHUNK_CHARS, max(100, memory.settings.write.max_chars // 2))
+    size = min(CHUNK_CHARS, max(100, engine.settings.write.max_chars // 2))
     all_embedded = True
     for done, (rel, real) in enumerate(files.items(), start=1):
-        outcome = await _ingest_file(memory, scope, rel, real, stored.get(rel, []), size, agent)
+        outcome = await _ingest_file(engine, scope, rel, real, stored.get(rel, []), size, agent)
         summary.chunks_archived += outcome.archived
         summary.chunks_added += outcome.added
         if outcome.skipped is not None:
@@ -443,7 +443,7 @@ async def _ingest_files(
         if progress is not None:
             progress(done, summary.files)
     if gone:
-        removed_files, archived = await _archive_paths(memory, scope.key, gone, REMOVED_REASON)
+        removed_files, archived = await _archive_paths(engine, scope.key, gone, REMOVED_REASON)
         summary.removed += removed_files
         summary.chunks_archived += archived
     summary.embedded = summary.chunks_added > 0 and all_embedded
@@ -461,7 +461,7 @@ def claude_memory_folder(root: Path, home: Path | None = None) -> Path:
 
 
 async def ingest_agent_memories(
-    memory: MemoryService,
+    engine: Engine,
     root: Path,
     *,
     folder: Path | None = None,
@@ -487,10 +487,10 @@ async def ingest_agent_memories(
         for path in sorted(folder.rglob("*.md")):
             if path.is_file() and not any(_hidden(part) for part in path.relative_to(folder).parts):
                 files[prefix + path.relative_to(folder).as_posix()] = path
-    stored = await _stored_chunks(memory.db, scope.key)
+    stored = await _stored_chunks(engine.store, scope.key)
     gone = [rel for rel in stored if rel.startswith(prefix) and rel not in files]
     summary = IngestSummary(files=len(files))
-    return await _ingest_files(memory, scope, files, stored, gone, summary, agent, progress)
+    return await _ingest_files(engine, scope, files, stored, gone, summary, agent, progress)
 
 
 def _gone(found: _Found, stored: Sequence[str], explicit: bool) -> list[str]:
@@ -524,7 +524,7 @@ class _Outcome:
 
 
 async def _ingest_file(
-    memory: MemoryService,
+    engine: Engine,
     scope: Scope,
     rel: str,
     path: Path,
@@ -535,13 +535,13 @@ async def _ingest_file(
     """Re-chunk one file if its content changed; one transaction for all its writes."""
     data = await anyio.to_thread.run_sync(_read, path)
     if isinstance(data, str):
-        return await _skip(memory, scope, rel, old, data)
+        return await _skip(engine, scope, rel, old, data)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
-        return await _skip(memory, scope, rel, old, "not UTF-8 text")
+        return await _skip(engine, scope, rel, old, "not UTF-8 text")
     if "\x00" in text:
-        return await _skip(memory, scope, rel, old, "not UTF-8 text (binary: NUL bytes)")
+        return await _skip(engine, scope, rel, old, "not UTF-8 text (binary: NUL bytes)")
     # The brief inject writes into prompt files is not knowledge: it is left out, and
     # its changes do not count as changes to the file.
     text = without_blocks(text)
@@ -551,17 +551,17 @@ async def _ingest_file(
     is_markdown = path.suffix.lower() in MARKDOWN_SUFFIXES
     chunks = chunk_markdown(text, size) if is_markdown else chunk_text(text, size)
     try:
-        drafts = _drafts(memory, scope, rel, digest, chunks, agent)
+        drafts = _drafts(engine, scope, rel, digest, chunks, agent)
     except InvalidInput as exc:
-        return await _skip(memory, scope, rel, old, str(exc))
+        return await _skip(engine, scope, rel, old, str(exc))
     if not old and not drafts:
         return _Outcome()  # nothing indexable, nothing indexed before
 
-    vectors = await memory._embed_records([d.record.content for d in drafts])
-    identity = memory.embeddings.identity if vectors is not None else None
-    stamp = format_time(memory.clock())
+    vectors = await engine.embed_records([d.record.content for d in drafts])
+    identity = engine.embeddings.identity if vectors is not None else None
+    stamp = format_time(engine.clock())
     outcome = _Outcome(written=True, embedded=vectors is not None or not drafts)
-    async with memory.db.write() as tx:
+    async with engine.store.write() as tx:
         # Read again under the write lock: another process may have ingested meanwhile.
         live = (await _stored_chunks(tx, scope.key)).get(rel, [])
         if _same_file(live, digest):
@@ -578,7 +578,7 @@ async def _ingest_file(
 
 
 def _drafts(
-    memory: MemoryService,
+    engine: Engine,
     scope: Scope,
     rel: str,
     digest: str,
@@ -590,8 +590,8 @@ def _drafts(
     Raises:
         InvalidInput: a chunk is unusable, or holds a secret under ``write.secrets = reject``.
     """
-    settings = memory.settings.write
-    now = memory.clock()
+    settings = engine.settings.write
+    now = engine.clock()
     drafts: list[Draft] = []
     for chunk in chunks:
         if not clean_text(chunk.text):
@@ -621,24 +621,24 @@ def _drafts(
 
 
 async def _skip(
-    memory: MemoryService, scope: Scope, rel: str, old: Sequence[Record], reason: str
+    engine: Engine, scope: Scope, rel: str, old: Sequence[Record], reason: str
 ) -> _Outcome:
     """A file that cannot be indexed any more: its old chunks, if any, are archived."""
     archived = 0
     if old:
         _, archived = await _archive_paths(
-            memory, scope.key, [rel], f"source file skipped: {reason}"
+            engine, scope.key, [rel], f"source file skipped: {reason}"
         )
     return _Outcome(archived=archived, skipped=reason)
 
 
 async def _archive_paths(
-    memory: MemoryService, scope_key: str, paths: Sequence[str], reason: str
+    engine: Engine, scope_key: str, paths: Sequence[str], reason: str
 ) -> tuple[int, int]:
     """Archive the current chunks of ``paths``: (files that had chunks, chunks archived)."""
-    stamp = format_time(memory.clock())
+    stamp = format_time(engine.clock())
     files = archived = 0
-    async with memory.db.write() as tx:
+    async with engine.store.write() as tx:
         live = await _stored_chunks(tx, scope_key)
         for path in paths:
             count = 0

@@ -12,7 +12,7 @@
                     ranking.half_life_days
     reinforcement = 1 - 1 / (1 + (fold_count + access_count / 2) / 3)
 
-``relevance`` in [0, 1] comes from hybrid retrieval (``search.py``); ``w`` is
+``relevance`` in [0, 1] comes from hybrid retrieval (``fusion.py``); ``w`` is
 ``ranking.prior_weight``.
 The floors R0 and F0 keep an old or never-used record findable: age and
 disuse lower a record, they never erase it.

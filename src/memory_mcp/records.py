@@ -80,6 +80,18 @@ def parse_time(value: str) -> datetime:
     return parsed.astimezone(UTC)
 
 
+def age(created_at: str, now: datetime) -> str:
+    """A short age: now, 5m, 3h, 2d, 5w, 4mo, 2y."""
+    seconds = max(0.0, (now - parse_time(created_at)).total_seconds())
+    for unit, size in (("y", 365 * 86400), ("mo", 30 * 86400), ("w", 7 * 86400)):
+        if seconds >= 2 * size or (unit == "w" and seconds >= size):
+            return f"{int(seconds // size)}{unit}"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return "now"
+
+
 def _stamp(value: object) -> str:
     """A timestamp from outside (an import) in the stored form, so it sorts and SQL reads it."""
     return format_time(parse_time(str(value)))

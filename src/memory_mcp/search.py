@@ -1,325 +1,377 @@
-"""Hybrid retrieval: lexical and dense relevance, fused, then ranked once.
+"""The three searches (SPEC §2): ``memory_search``, ``project_search`` and
+``searchUnifiedMemory``, over an engine.
 
-    relevance = a * bm25 / max_bm25 + (1 - a) * max(0, cosine)      both branches
-    relevance = bm25 / max_bm25                                     lexical only
-    relevance = max(0, cosine)                                      dense only
-
-A record that has no vector from the query's embedder yet (written while the
-model was away, waiting for maintenance to embed it) is scored by its words
-alone: ``bm25 / max_bm25`` times the share of the query's words it holds.
-
-``a`` is ``search.lexical_weight``; ``cosine`` is the best of a record's passage
-vectors, and ``max_bm25`` the best BM25 score among this query's hits. Each branch
-contributes its best ``search.candidates`` records; a record found by only one
-branch is scored by the other too, so fusion sees both numbers. Filters
-(scope, kind, tags, time) are applied inside both branches, before the limit;
-hits below ``search.min_relevance`` are dropped, judged on their own text
-and vectors. The candidates left are ranked with their cosines read in their
-conversation and then with the query vector refined by pseudo-relevance
-feedback (``read_around``), through the one ranker (``ranker.score``): both
-re-order, neither admits. The hits returned show their text
-through the current secret rules (``secret_scan``), so that a record stored
-before a rule existed does not show its secret.
-
-A search over several corpora (``project_search``, ``searchUnifiedMemory``)
-gathers each corpus's ``candidates`` separately - concurrently, with one query
-vector - and fuses them together in one ``fuse``: ``max_bm25`` is then the best
-over every corpus, so every hit's relevance and score is on the same scale.
+Each checks its arguments, gathers candidates with ``fusion.candidates`` (one
+branch, or one per corpus or source, concurrently, with one query vector),
+fuses and ranks them once (``fusion.fuse``), notes on each hit the value it
+supersedes and the open conflict it is in, and counts the hits as accesses.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
 
-from memory_mcp import ranker
-from memory_mcp.embedders.base import normalize_rows
-from memory_mcp.lexical import stems
-from memory_mcp.records import Hit, Record
-from memory_mcp.secret_scan import redact_text
-from memory_mcp.storage.base import Around, Filters, Store, Vector
+import anyio
+
+from memory_mcp import views
+from memory_mcp.engine import Engine, SearchScope
+from memory_mcp.errors import InvalidInput, StorageError
+from memory_mcp.fusion import Candidates, candidates, fuse, read_around, shown, shown_record
+from memory_mcp.records import (
+    CORPORA,
+    CORPUS_OF_KIND,
+    Corpus,
+    Hit,
+    SearchResult,
+    format_time,
+    parse_time,
+    without_surrogates,
+)
+from memory_mcp.storage.base import Filters, Vector
+
+log = logging.getLogger(__name__)
+
+MAX_SEARCH_LIMIT = 50
+# project_search: every corpus an agent or ingest writes for the project.
+PROJECT_CORPORA: tuple[Corpus, ...] = ("facts", "journal", "docs", "knowledge")
+# searchUnifiedMemory's sources and the corpora each one reads.
+UNIFIED_SOURCES: dict[str, tuple[Corpus, ...]] = {
+    "memory": ("facts", "journal", "docs"),
+    "insights": ("insights",),
+    "knowledge": ("knowledge",),
+}
+SOURCE_OF_CORPUS: dict[str, str] = {c: s for s, cs in UNIFIED_SOURCES.items() for c in cs}
+UNIFIED_MAX_LIMIT = 20
+UNIFIED_CONTENT_CAP = 1200
 
 
-@dataclass(frozen=True)
-class SearchPlan:
-    candidates: int
-    lexical_weight: float
-    min_relevance: float
-    ranking: ranker.RankerConfig
-    redact: bool = True  # show hits through the current secret rules (write.secrets not off)
-    context_seconds: float = 0.0  # neighbours in time read as one conversation (0: off)
-    feedback_weight: float = 0.0  # pull of the best candidates on the query vector (0: off)
+async def search(
+    engine: Engine,
+    query: str,
+    *,
+    scope: SearchScope = "all",
+    cwd: str | Path | None = None,
+    corpora: Sequence[Corpus] = ("facts",),
+    kinds: Sequence[str] = (),
+    tags: Sequence[str] = (),
+    since: datetime | str | None = None,
+    until: datetime | str | None = None,
+    limit: int = 8,
+    max_limit: int = MAX_SEARCH_LIMIT,
+    now: datetime | None = None,
+    count_access: bool = True,
+    min_relevance: float | None = None,
+) -> SearchResult:
+    """Hybrid search, ranked by the one ranker; hits count as accesses.
+
+    ``min_relevance`` overrides ``search.min_relevance`` (0: a full ranking,
+    as a benchmark run needs).
+
+    Raises:
+        InvalidInput: a bad argument (the message says what to change).
+    """
+    text = _query_text(query)
+    _check_limit(limit, max_limit)
+    for kind in kinds:
+        if kind not in CORPUS_OF_KIND:
+            raise InvalidInput(f"unknown kind {kind!r}; use one of: {', '.join(CORPUS_OF_KIND)}")
+    for corpus in corpora:
+        if corpus not in CORPORA:
+            raise InvalidInput(f"unknown corpus {corpus!r}; use one of: {', '.join(CORPORA)}")
+    if kinds:
+        corpora = tuple(dict.fromkeys(CORPUS_OF_KIND[k] for k in kinds))
+    after, before = _time_bound(since, "since"), _time_bound(until, "until")
+    if after is not None and before is not None and after >= before:
+        raise InvalidInput(
+            f"since ({since}) is not before until ({until}): nothing can match; "
+            "swap them or leave one out"
+        )
+    filters = Filters(
+        scope_keys=engine.scope_keys(scope, cwd),
+        corpora=tuple(corpora),
+        kinds=tuple(kinds),
+        tags=tuple(without_surrogates(t).strip().casefold() for t in tags if t.strip()),
+        since=after,
+        until=before,
+    )
+    query_vector, identity, warnings = await _embed_query(engine, text)
+    at = now or engine.clock()
+    found = await candidates(engine.store, text, query_vector, identity, filters, engine.plan)
+    await read_around(engine.store, found, query_vector, identity, engine.plan)
+    hits = fuse(
+        found,
+        dense=query_vector is not None,
+        limit=limit,
+        now=at,
+        plan=engine.plan,
+        min_relevance=min_relevance,
+    )
+    await _annotate(engine, hits)
+    if count_access:
+        await _count_access(engine, hits, at)
+    return SearchResult(hits=hits, mode=_mode(query_vector), warnings=warnings)
+
+
+async def project_search(
+    engine: Engine, query: str, *, cwd: str | Path | None = None, limit: int = 8
+) -> SearchResult:
+    """Search the project's facts, journal, docs and knowledge at once, ranked together.
+
+    Each corpus is searched concurrently with one query vector; the hits are
+    fused and ranked once (``search.fuse``), each labelled by its record's
+    corpus. A corpus that fails adds a warning; the others still answer.
+
+    Raises:
+        InvalidInput: a bad argument (the message says what to change).
+    """
+    text = _query_text(query)
+    _check_limit(limit, MAX_SEARCH_LIMIT)
+    keys = engine.scope_keys("all", cwd)
+    branches = [(c, Filters(scope_keys=keys, corpora=(c,))) for c in PROJECT_CORPORA]
+    query_vector, found, warnings = await _fan_out(engine, text, branches)
+    at = engine.clock()
+    hits = fuse(found, dense=query_vector is not None, limit=limit, now=at, plan=engine.plan)
+    await _annotate(engine, hits)
+    await _count_access(engine, hits, at)
+    return SearchResult(hits=hits, mode=_mode(query_vector), warnings=warnings)
+
+
+async def unified_search(
+    engine: Engine,
+    query: str,
+    *,
+    sources: Sequence[str] | None = None,
+    cwd: str | Path | None = None,
+    limit: int = 8,
+    threshold: float = 0.35,
+) -> UnifiedResult:
+    """The cross-source contract (SPEC §2, ``searchUnifiedMemory``).
+
+    ``similarity`` is the one ranker's score of the fused relevance (``search``
+    module), computed with one query vector and one BM25 scale over every
+    source, so it compares across sources. Results at or above ``threshold``,
+    sorted by similarity, then type, then id; content capped at
+    ``UNIFIED_CONTENT_CAP`` characters.
+
+    Raises:
+        InvalidInput: a bad argument (the message says what to change).
+    """
+    text = _query_text(query)
+    _check_limit(limit, UNIFIED_MAX_LIMIT)
+    chosen = list(UNIFIED_SOURCES if sources is None else sources)
+    for source in chosen:
+        if source not in UNIFIED_SOURCES:
+            raise InvalidInput(
+                f"unknown source {source!r}; use any of: {', '.join(UNIFIED_SOURCES)}"
+            )
+    if not chosen:
+        raise InvalidInput(
+            f"sources is empty; leave it out for all, or name some of: {', '.join(UNIFIED_SOURCES)}"
+        )
+    if isinstance(threshold, bool) or not 0 <= threshold <= 1:
+        raise InvalidInput(f"threshold must be a number from 0 to 1, got {threshold!r}")
+    keys = engine.scope_keys("all", cwd)
+    branches = [
+        (source, Filters(scope_keys=keys, corpora=UNIFIED_SOURCES[source]))
+        for source in dict.fromkeys(chosen)
+    ]
+    query_vector, found, warnings = await _fan_out(engine, text, branches)
+    at = engine.clock()
+    hits = fuse(
+        found,
+        dense=query_vector is not None,
+        limit=len(found.records),
+        now=at,
+        plan=engine.plan,
+        min_relevance=0.0,
+        redact=False,  # every candidate comes back: only those kept are shown
+    )
+    # At the threshold on its own text too: its neighbours and the feedback of
+    # the best hits re-order results, they never make one (search.read_around).
+    kept = [
+        h
+        for h in hits
+        if round(h.score, 4) >= threshold
+        and round(h.score if h.own_score is None else h.own_score, 4) >= threshold
+    ]
+    kept.sort(key=lambda h: (-round(h.score, 4), SOURCE_OF_CORPUS[h.record.corpus], h.record.id))
+    kept = kept[:limit]
+    await _annotate(engine, kept)
+    await _count_access(engine, kept, at)
+    results = [_unified_item(shown(h) if engine.redacts else h) for h in kept]
+    return UnifiedResult(results=results, warnings=warnings, mode=_mode(query_vector))
+
+
+async def _embed_query(engine: Engine, text: str) -> tuple[Vector | None, str | None, list[str]]:
+    """The query's vector and its embedder, or None and why on the lexical floor."""
+    await engine.embeddings.settle()
+    identity = engine.embeddings.identity
+    vector = None
+    if identity is not None:
+        matrix = await engine.embeddings.embed([text])
+        vector = matrix[0] if matrix is not None else None
+    warnings: list[str] = []
+    if vector is None:
+        status = engine.embeddings.status()
+        if status.degraded or status.state == "loading":
+            warnings.append(f"lexical search only: {status.reason}")
+    elif identity is not None and (waiting := await engine.awaiting_vectors(identity)):
+        which = "1 record still awaits" if waiting == 1 else f"{waiting} records still await"
+        warnings.append(
+            f"{which} vectors from {identity}: until maintenance re-embeds them, they are "
+            "found by their words only"
+        )
+    return vector, identity if vector is not None else None, warnings
+
+
+async def _fan_out(
+    engine: Engine, text: str, branches: Sequence[tuple[str, Filters]]
+) -> tuple[Vector | None, Candidates, list[str]]:
+    """Every branch's candidates, gathered concurrently with one query vector.
+
+    A branch that fails adds a warning naming it; the others still answer.
+    """
+    query_vector, identity, warnings = await _embed_query(engine, text)
+    found = Candidates()
+    failures: list[str] = []
+
+    async def gather(label: str, filters: Filters) -> None:
+        try:
+            part = await candidates(
+                engine.store, text, query_vector, identity, filters, engine.plan
+            )
+        except Exception as exc:  # one source failing must not sink the others
+            log.warning("search branch %s failed: %s", label, exc, exc_info=True)
+            failures.append(f"{label}: search failed ({exc}); the other sources answered")
+            return
+        found.update(part)
+
+    async with anyio.create_task_group() as group:
+        for label, filters in branches:
+            group.start_soon(gather, label, filters)
+    await read_around(engine.store, found, query_vector, identity, engine.plan)
+    return query_vector, found, [*warnings, *sorted(failures)]
+
+
+async def _annotate(engine: Engine, hits: Sequence[Hit]) -> None:
+    """Note on each hit the older value it supersedes and the open conflict it is in.
+
+    A reader must not take a replaced value for the current one, nor act on
+    one side of a contradiction without seeing the other.
+    """
+    if not hits:
+        return
+    conflicts = await engine.store.open_conflicts_of([h.record.id for h in hits])
+    older = {h.record.id: h.record.supersedes[-1] for h in hits if h.record.supersedes}
+    sides = {i for c in conflicts for i in (c.record_id, c.other_id)}
+    found = await engine.store.get_many([*older.values(), *sides])
+    if engine.redacts:  # the other record's text is shown too
+        found = [shown_record(record) for record in found]
+    related = {r.id: r for r in found}
+    for hit in hits:
+        replaced = related.get(older.get(hit.record.id, ""))
+        if replaced is not None:
+            hit.notes["supersedes"] = views.related(replaced)
+        for conflict in conflicts:
+            if hit.record.id not in (conflict.record_id, conflict.other_id):
+                continue
+            other_id = (
+                conflict.other_id if conflict.record_id == hit.record.id else conflict.record_id
+            )
+            other = related.get(other_id)
+            hit.notes["conflict"] = {
+                "id": conflict.id,
+                "with": views.related(other) if other else {"id": other_id},
+            }
+            break
+
+
+async def _count_access(engine: Engine, hits: Sequence[Hit], at: datetime) -> None:
+    """Count hits as accesses; a store that cannot be written (read-only, full,
+    busy) loses the count, not the search."""
+    if not hits:
+        return
+    try:
+        await engine.store.record_access([h.record.id for h in hits], format_time(at))
+    except StorageError as exc:
+        log.warning("search hits were not counted: %s", exc)
 
 
 @dataclass
-class Candidates:
-    """What the branches found for one query: records with their raw scores."""
+class UnifiedItem:
+    """One ``searchUnifiedMemory`` result."""
 
-    records: dict[str, Record] = field(default_factory=dict)
-    bm25: dict[str, float] = field(default_factory=dict)
-    cosine: dict[str, float] = field(default_factory=dict)
-    # Of a record with no vector yet: the share of the query's words it holds.
-    coverage: dict[str, float] = field(default_factory=dict)
-    # Of a record with neighbours in time: the query's cosine with it read together
-    # with one of them (the best of the two).
-    context: dict[str, float] = field(default_factory=dict)
-    # The best cosine (own or in context) with the query refined by feedback.
-    feedback: dict[str, float] = field(default_factory=dict)
-
-    def update(self, other: Candidates) -> None:
-        """Add another branch's candidates (a record found twice keeps its best scores).
-
-        ``context`` and ``feedback`` are not merged: ``read_around`` fills them once,
-        on the merged candidates.
-        """
-        self.records.update(other.records)
-        pairs = ((self.bm25, other.bm25), (self.cosine, other.cosine))
-        for mine, theirs in (*pairs, (self.coverage, other.coverage)):
-            for rid, value in theirs.items():
-                mine[rid] = max(value, mine.get(rid, value))
+    type: str  # the source: memory, insights or knowledge
+    id: str
+    content: str
+    similarity: float
+    metadata: dict[str, Any]
 
 
-async def candidates(
-    store: Store,
-    query: str,
-    query_vector: Vector | None,
-    embedder: str | None,
-    filters: Filters,
-    plan: SearchPlan,
-) -> Candidates:
-    """The best ``plan.candidates`` records of each branch, each scored by both branches."""
-    found = Candidates()
-    for item in await store.lexical(query, filters, plan.candidates):
-        found.records[item.record.id] = item.record
-        found.bm25[item.record.id] = item.score
-    if query_vector is None or embedder is None:
-        return found
-    for item in await store.nearest(query_vector, embedder, filters, plan.candidates):
-        found.records[item.record.id] = item.record
-        found.cosine[item.record.id] = item.score
-    missing = [rid for rid in found.bm25 if rid not in found.cosine]
-    found.cosine.update(await store.dense_scores(query_vector, embedder, missing))
-    asked = set(stems(query))
-    for rid in found.bm25:
-        if rid not in found.cosine and asked:  # no vector: its words are all there is
-            held = asked & set(stems(found.records[rid].content))
-            found.coverage[rid] = len(held) / len(asked)
-    return found
+@dataclass
+class UnifiedResult:
+    results: list[UnifiedItem]
+    warnings: list[str]
+    mode: Literal["hybrid", "lexical"]
 
 
-FEEDBACK_RECORDS = 5  # the best candidates whose vectors refine the query
-
-
-def _fusion(found: Candidates, *, dense: bool, plan: SearchPlan) -> tuple[float, float]:
-    """``a`` (the lexical branch's weight: all of it without vectors, none without
-    lexical hits) and ``max_bm25``, the scale of the BM25 scores."""
-    a = plan.lexical_weight if dense else 1.0
-    if dense and not found.bm25:
-        a = 0.0
-    return a, max(found.bm25.values(), default=0.0)
-
-
-def _lexical(found: Candidates, rid: str, top_bm25: float) -> float:
-    """The record's BM25 over the best of the query's (0 when the lexical branch missed it)."""
-    return found.bm25[rid] / top_bm25 if rid in found.bm25 and top_bm25 > 0 else 0.0
-
-
-async def read_around(
-    store: Store,
-    found: Candidates,
-    query_vector: Vector | None,
-    embedder: str | None,
-    plan: SearchPlan,
-) -> None:
-    """Score the candidates in their conversation, then with the refined query.
-
-    Both only re-order the candidates that are relevant enough on their own
-    (``fuse``): a neighbour of a good hit, or a record like the best ones, is
-    not a hit for that alone.
-
-    **Conversation.** A reply rarely repeats what it answers ("Yes, twice - the
-    second time with my sister"): its own vector misses the question's subject,
-    which its neighbour in time holds. Each candidate is also read together with
-    the record written just before and just after it (``in_conversation``), as the
-    mean of the two whole-text vectors (``unit(v + w)``; mean pooling makes that
-    close to embedding the two texts together, and no text is embedded twice).
-    The best of its own cosine and these two counts (``found.context``).
-
-    **Feedback.** The query vector moves toward the mean of the best
-    ``FEEDBACK_RECORDS`` candidates' vectors (``q + feedback_weight * mean``,
-    pseudo-relevance feedback): what the best hits share - the subject of a
-    question asked in other words than the memories use - lifts the other
-    records about it. Every candidate's whole text, alone and read with a
-    neighbour, is scored again with that vector (``found.feedback``); ``fuse``
-    keeps the better of that and the candidate's own best passage. On a query
-    that nothing answers, the best candidates are noise, and so is what they
-    share.
-
-    Called once on all the candidates of a search (every corpus of a unified
-    one): the same record must score the same whichever corpora were asked.
-    """
-    import numpy as np
-
-    if query_vector is None or embedder is None or not found.cosine:
-        return
-    if plan.context_seconds <= 0 and plan.feedback_weight <= 0:
-        return
-    a, top_bm25 = _fusion(found, dense=True, plan=plan)
-
-    def provisional(rid: str) -> float:
-        cos = max(0.0, found.cosine[rid], found.context.get(rid, 0.0))
-        return a * _lexical(found, rid, top_bm25) + (1 - a) * cos
-
-    around = await store.in_conversation(list(found.cosine), plan.context_seconds, embedder)
-    query = _unit(np.asarray(query_vector, dtype=np.float32))
-    if query is None or not around:
-        return
-    names = list(around)
-    whole = np.stack([around[rid].vector for rid in names])
-    pairs = _pairs(names, around)
-    found.context = _paired(query, pairs)
-    if plan.feedback_weight <= 0:
-        return
-    best = sorted(range(len(names)), key=lambda i: (-provisional(names[i]), names[i]))
-    mean = whole[best[:FEEDBACK_RECORDS]].mean(axis=0)
-    refined = _unit(query + plan.feedback_weight * mean)
-    if refined is None:
-        return
-    # The refined query's cosine with each candidate's whole text, alone and read
-    # with a neighbour.
-    cosines = normalize_rows(whole) @ refined
-    found.feedback = dict(zip(names, cosines.tolist(), strict=True))
-    for rid, value in _paired(refined, pairs).items():
-        found.feedback[rid] = max(value, found.feedback[rid])
-
-
-def _pairs(names: list[str], around: dict[str, Around]) -> tuple[list[str], Vector]:
-    """Each record with a neighbour, and the unit vector of the two read together.
-
-    A record appears once per neighbour it has (before, after).
-    """
-    import numpy as np
-
-    owners = [rid for rid in names for _ in around[rid].neighbours]
-    if not owners:
-        return [], np.zeros((0, 0), np.float32)
-    joint = np.stack(
-        [around[rid].vector + other for rid in names for other in around[rid].neighbours.values()]
+def _unified_item(hit: Hit) -> UnifiedItem:
+    record = hit.record
+    content = record.content
+    if len(content) > UNIFIED_CONTENT_CAP:
+        content = content[: UNIFIED_CONTENT_CAP - 1] + "…"
+    metadata: dict[str, Any] = {
+        "corpus": record.corpus,
+        "kind": record.kind,
+        "scope": record.scope,
+        "agent": record.agent,
+        "created_at": record.created_at,
+        "relevance": round(hit.relevance, 4),
+    }
+    if record.tags:
+        metadata["tags"] = list(record.tags)
+    for key in ("path", "heading", "sources"):
+        if key in record.meta:
+            metadata[key] = record.meta[key]
+    metadata.update(hit.notes)
+    return UnifiedItem(
+        type=SOURCE_OF_CORPUS[record.corpus],
+        id=record.id,
+        content=content,
+        similarity=round(hit.score, 4),
+        metadata=metadata,
     )
-    return owners, normalize_rows(joint)
 
 
-def _paired(query: Vector, pairs: tuple[list[str], Vector]) -> dict[str, float]:
-    """The query's cosine with each record read with its closest neighbour."""
-    owners, matrix = pairs
-    found: dict[str, float] = {}
-    if not owners:
-        return found
-    for rid, value in zip(owners, (matrix @ query).tolist(), strict=True):
-        found[rid] = max(value, found.get(rid, value))
-    return found
+def _query_text(query: object) -> str:
+    text = without_surrogates(query).strip() if isinstance(query, str) else ""
+    if not text:
+        raise InvalidInput("query is empty; pass words to search for")
+    return text
 
 
-def _unit(vector: Vector) -> Vector | None:
-    import numpy as np
-
-    flat = vector.reshape(-1)
-    norm = float(np.linalg.norm(flat))
-    return flat / norm if norm > 0 else None
+def _check_limit(limit: int, most: int) -> None:
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= most:
+        raise InvalidInput(f"limit must be a whole number from 1 to {most}, got {limit!r}")
 
 
-def fuse(
-    found: Candidates,
-    *,
-    dense: bool,
-    limit: int,
-    now: datetime,
-    plan: SearchPlan,
-    min_relevance: float | None = None,
-    redact: bool | None = None,
-) -> list[Hit]:
-    """Fused relevance, ranked by the one ranker: the ``limit`` best hits, best first.
-
-    BM25 is normalised by the best BM25 among all the candidates, so hits from
-    several branches (corpora) are scored on one scale.
-
-    Args:
-        dense: whether the query had a vector (else relevance is lexical only).
-        min_relevance: overrides ``plan.min_relevance`` (0 keeps every candidate,
-            for a full ranking).
-        redact: overrides ``plan.redact`` (False: the caller keeps a few of the hits
-            and shows those through ``shown``).
-    """
-    min_relevance = plan.min_relevance if min_relevance is None else min_relevance
-    a, top_bm25 = _fusion(found, dense=dense, plan=plan)
-    hits: list[Hit] = []
-    for rid, record in found.records.items():
-        lex = _lexical(found, rid, top_bm25)
-        cos = max(0.0, found.cosine.get(rid, 0.0))
-        if dense and rid not in found.cosine:
-            # No vector yet (stored while the model was away): its words are all there
-            # is, weighed by how much of the question they cover, so that one shared
-            # word with the best BM25 of the query does not make it fully relevant.
-            relevance = lex * found.coverage.get(rid, 1.0)
-        else:
-            relevance = a * lex + (1 - a) * cos
-        if relevance < min_relevance:
-            continue
-        prior = ranker.prior(record, now, plan.ranking)
-        own_score = ranker.score(relevance, prior, plan.ranking)
-        # Conversation and feedback re-order what is relevant enough on its own: a
-        # memory written next to a good hit is not made a hit by it (see read_around).
-        if rid in found.feedback:
-            # The refined query reads whole texts; a long memory's best passage for
-            # the question itself still counts.
-            cos = max(cos, found.feedback[rid])
-        elif rid in found.context:
-            cos = max(cos, found.context[rid])
-        if rid in found.cosine:
-            relevance = a * lex + (1 - a) * cos
-        hits.append(
-            Hit(
-                record=record,
-                score=ranker.score(relevance, prior, plan.ranking),
-                relevance=relevance,
-                lexical=lex if rid in found.bm25 else None,
-                dense=cos if rid in found.cosine else None,
-                own_score=own_score,
-            )
-        )
-    hits.sort(key=lambda h: (-h.score, h.record.id))
-    if plan.redact if redact is None else redact:
-        return [shown(hit) for hit in hits[:limit]]
-    return hits[:limit]
+def _mode(query_vector: Vector | None) -> Literal["hybrid", "lexical"]:
+    return "hybrid" if query_vector is not None else "lexical"
 
 
-def shown(hit: Hit) -> Hit:
-    """The hit with its text through the current secret rules: a record stored before
-    a rule existed must not show its secret."""
-    record = shown_record(hit.record)
-    return hit if record is hit.record else replace(hit, record=record)
-
-
-def shown_record(record: Record) -> Record:
-    """A record as it may be shown: its text through the current secret rules."""
-    content = redact_text(record.content)
-    return record if content == record.content else replace(record, content=content)
-
-
-async def hybrid(
-    store: Store,
-    query: str,
-    query_vector: Vector | None,
-    embedder: str | None,
-    filters: Filters,
-    *,
-    limit: int,
-    now: datetime,
-    plan: SearchPlan,
-    min_relevance: float | None = None,
-) -> list[Hit]:
-    """The ``limit`` best records for ``query`` under ``filters``, best first."""
-    found = await candidates(store, query, query_vector, embedder, filters, plan)
-    await read_around(store, found, query_vector, embedder, plan)
-    dense = query_vector is not None and embedder is not None
-    return fuse(found, dense=dense, limit=limit, now=now, plan=plan, min_relevance=min_relevance)
+def _time_bound(value: datetime | str | None, name: str) -> str | None:
+    if value is None or value == "":
+        return None
+    if isinstance(value, datetime):
+        return format_time(value)
+    try:
+        return format_time(parse_time(value))
+    except ValueError:
+        raise InvalidInput(
+            f"{name} must be an ISO-8601 date or time (e.g. 2026-01-31), got {value!r}"
+        ) from None

@@ -2,7 +2,8 @@
 
 ``prepare`` turns caller input into a ``Draft`` (or raises ``InvalidInput``):
 size limits, control characters, secret redaction. Embedding happens between
-the two steps, outside any lock. ``apply`` runs inside one write transaction:
+the two steps, outside any lock (``store_many`` runs all three over an engine,
+in batches). ``apply`` runs inside one write transaction:
 it reads the nearest records of the same scope and corpus, decides what the
 new text is to them, and writes the outcome - so two processes storing one
 fact at once end with one canonical record.
@@ -19,9 +20,11 @@ import os
 import re
 import time
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
 from memory_mcp.config import FoldSettings, WriteSettings
 from memory_mcp.errors import InvalidInput, SecretRejected
@@ -39,9 +42,12 @@ from memory_mcp.records import (
     format_time,
     without_surrogates,
 )
-from memory_mcp.scope import Scope
+from memory_mcp.scope import Scope, project_scope
 from memory_mcp.secret_scan import redact, redact_text
 from memory_mcp.storage.base import Filters, Neighbours, Vector, WriteTransaction
+
+if TYPE_CHECKING:
+    from memory_mcp.engine import Engine
 
 MAX_TAGS = 20
 MAX_TAG_CHARS = 64
@@ -55,6 +61,7 @@ _ID_PREFIX: dict[Corpus, str] = {
     "insights": "i",
 }
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+_COMMIT_BATCH = 64  # writes per transaction in ``store_many``
 
 
 def new_id(corpus: Corpus) -> str:
@@ -351,4 +358,111 @@ def _related(
         related_content=redact_text(old.content) if draft.scanned else old.content,
         conflict_id=conflict_id,
         reason=reason,
+    )
+
+
+# Over an engine: prepare, embed, apply ------------------------------------------------
+
+
+@dataclass
+class StoreRequest:
+    """One write, as given to ``store_many``."""
+
+    content: str
+    kind: str = "fact"
+    scope: Literal["project", "global"] = "project"
+    cwd: str | Path | None = None
+    importance: float | None = None
+    tags: Sequence[str] = ()
+    agent: str = "cli"
+    created_at: datetime | None = None
+    pinned: bool = False
+
+
+async def store_many(
+    engine: Engine,
+    requests: Sequence[StoreRequest],
+    *,
+    progress: Callable[[int], None] | None = None,
+) -> list[StoreResult]:
+    """Store several memories in order, embedding them in length-sorted batches.
+
+    Each write is decided against everything stored before it, earlier items
+    of the same call included. Validation happens first, for all of them:
+    one bad item fails the call before anything is written.
+
+    Raises:
+        InvalidInput: an item is unusable (nothing was written).
+    """
+    drafts = [_draft(engine, request, engine.clock()) for request in requests]
+    results = await _store_drafts(engine, drafts, progress)
+    return [r for r in results if isinstance(r, StoreResult)]
+
+
+async def store_valid(
+    engine: Engine,
+    requests: Sequence[StoreRequest],
+    *,
+    progress: Callable[[int], None] | None = None,
+) -> list[StoreResult | InvalidInput]:
+    """Like ``store_many``, but an unusable item is skipped: its place holds the error."""
+    drafts: list[Draft | InvalidInput] = []
+    now = engine.clock()
+    for request in requests:
+        try:
+            drafts.append(_draft(engine, request, now))
+        except InvalidInput as exc:
+            drafts.append(exc)
+    return await _store_drafts(engine, drafts, progress)
+
+
+async def _store_drafts(
+    engine: Engine,
+    items: Sequence[Draft | InvalidInput],
+    progress: Callable[[int], None] | None,
+) -> list[StoreResult | InvalidInput]:
+    drafts = [d for d in items if isinstance(d, Draft)]
+    vectors = await engine.embed_records([d.record.content for d in drafts])
+    vector_of = dict(zip((id(d) for d in drafts), vectors or [], strict=False))
+    identity = engine.embeddings.identity if vectors is not None else None
+    if identity is not None:  # load the scopes' vectors before taking the write lock
+        await engine.store.load_vectors(identity, {d.record.scope_key for d in drafts})
+    stamp = format_time(engine.clock())
+    results: list[StoreResult | InvalidInput] = []
+    for start in range(0, len(items), _COMMIT_BATCH):
+        batch = items[start : start + _COMMIT_BATCH]
+        async with engine.store.write() as tx:
+            for item in batch:
+                if isinstance(item, InvalidInput):
+                    results.append(item)
+                    continue
+                results.append(
+                    await apply(
+                        tx,
+                        item,
+                        vector_of.get(id(item)),
+                        embedder=identity,
+                        fold_settings=engine.settings.fold,
+                        now=stamp,
+                    )
+                )
+        if progress is not None:
+            progress(len(batch))
+    return results
+
+
+def _draft(engine: Engine, request: StoreRequest, now: datetime) -> Draft:
+    if request.scope not in ("project", "global"):
+        raise InvalidInput(f"scope must be 'project' or 'global', got {request.scope!r}")
+    scope = Scope.global_() if request.scope == "global" else project_scope(request.cwd)
+    return prepare(
+        request.content,
+        kind=request.kind,
+        scope=scope,
+        importance=request.importance,
+        tags=request.tags,
+        agent=request.agent,
+        at=request.created_at or now,
+        pinned=request.pinned,
+        settings=engine.settings.write,
     )

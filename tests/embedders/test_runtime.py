@@ -57,7 +57,7 @@ async def test_no_model_means_the_bm25_floor_and_status_says_so(
 ) -> None:
     memory = await open_with(tmp_path, Unavailable("fastembed:missing"))
     try:
-        status = memory.embeddings.status()
+        status = memory.engine.embeddings.status()
         assert status.effective == "bm25" and status.degraded and "unreachable" in status.reason
         stored = await memory.store("The build uses Bazel remote caching", cwd=project)
         assert not stored.embedded
@@ -78,7 +78,7 @@ async def test_a_dense_store_keeps_its_embedder_identity_while_it_is_unreachable
     # The configured auto embedder is now another one: upgrade-only keeps fake:a.
     memory = await open_with(tmp_path, FakeEmbedder(name="fake:b"))
     try:
-        status = memory.embeddings.status()
+        status = memory.engine.embeddings.status()
         assert status.identity == "fake:a" and status.degraded
         assert "not configured" in status.reason
         found = await memory.search("staging fly", cwd=project)
@@ -98,21 +98,21 @@ async def test_an_unreachable_embedder_resumes_when_it_returns(
     flaky = Unavailable("fake:a")
     memory = await open_with(tmp_path, flaky)
     try:
-        assert memory.embeddings.status().identity == "fake:a"
-        assert memory.embeddings.status().state == "unavailable"
+        assert memory.engine.embeddings.status().identity == "fake:a"
+        assert memory.engine.embeddings.status().state == "unavailable"
         late = await memory.store("Production runs on AWS", cwd=project)
         assert not late.embedded
         assert (await memory.status()).awaiting_embedding == 1
         flaky.up = True
-        memory.embeddings._retry_at = 0  # the backoff has passed
-        await memory.embeddings.embed(["wake up"])  # triggers the retry
-        assert await memory.embeddings.wait_settled(10)
+        memory.engine.embeddings._retry_at = 0  # the backoff has passed
+        await memory.engine.embeddings.embed(["wake up"])  # triggers the retry
+        assert await memory.engine.embeddings.wait_settled(10)
 
         async def ready() -> bool:  # the retry loads it on a thread
-            return memory.embeddings.ready
+            return memory.engine.embeddings.ready
 
         await eventually(ready, within=10, what="the embedder to be ready after the retry")
-        assert memory.embeddings.ready
+        assert memory.engine.embeddings.ready
         summary = await memory.reembed()
         assert summary.embedded == 1 and summary.remaining == 0
         assert (await memory.search("production aws", cwd=project)).mode == "hybrid"
@@ -130,13 +130,13 @@ async def test_an_explicit_backend_switches_and_reembed_converges(
 
     memory = await open_with(tmp_path, FakeEmbedder(name="fake:b", dim=64), backend="fastembed")
     try:
-        assert memory.embeddings.identity == "fake:b"
+        assert memory.engine.embeddings.identity == "fake:b"
         assert (await memory.status()).awaiting_embedding == 5
         seen: list[tuple[int, int]] = []
         summary = await memory.reembed(batch_size=2, progress=lambda d, t: seen.append((d, t)))
         assert (summary.embedded, summary.remaining) == (5, 0)
         assert seen[-1] == (5, 5)
-        stats = await memory.db.stats()
+        stats = await memory.engine.store.stats()
         assert stats.embedders == {"fake:b": 5}
         assert (await memory.search("service port", cwd=project)).mode == "hybrid"
     finally:
@@ -197,7 +197,7 @@ async def test_bm25_backend_uses_no_vectors(tmp_path: Path, project: Path) -> No
     settings = Settings()
     settings.embedder.backend = "bm25"
     async with MemoryService.open(settings, database=tmp_path / "m.db") as memory:
-        status = memory.embeddings.status()
+        status = memory.engine.embeddings.status()
         assert status.effective == "bm25" and not status.degraded and status.state == "off"
         stored = await memory.store("Lint with ruff", cwd=project)
         assert not stored.embedded

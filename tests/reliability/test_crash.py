@@ -86,4 +86,4 @@ async def test_a_migration_killed_half_way_leaves_the_schema_it_had(
         conn.close()
     assert "half_done" not in tables and "m999_slow" not in applied  # none of it, not half
     async with MemoryService.open(Settings(), database=database, embedder=FakeEmbedder()) as m:
-        assert [r.content async for r in m.db.iter_records()] == ["Kept across the crash"]
+        assert [r.content async for r in m.engine.store.iter_records()] == ["Kept across the crash"]

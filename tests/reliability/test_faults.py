@@ -16,7 +16,7 @@ pytestmark = pytest.mark.anyio
 
 async def limit_pages(memory: MemoryService, extra: int) -> None:
     """The database may grow by ``extra`` pages only: a disk that fills up."""
-    for conn in (memory.db._writer, memory.db._reader):
+    for conn in (memory.engine.store._writer, memory.engine.store._reader):
         pages = (await conn.execute_fetchall("PRAGMA page_count"))[0][0]
         await conn.execute(f"PRAGMA max_page_count = {int(pages) + extra}")
 
@@ -32,7 +32,7 @@ async def test_a_full_disk_gives_a_clear_error_and_loses_nothing(
         await memory.store_many(big)
     assert "Traceback" not in str(caught.value)
     await limit_pages(memory, 100_000)
-    assert (await diagnose(memory.db)).healthy
+    assert (await diagnose(memory.engine.store)).healthy
     for stored in kept:
         assert (await memory.get(stored.id)).current
     after = await memory.store("Written once there is room again", cwd=project)
@@ -43,7 +43,7 @@ async def test_a_read_only_store_refuses_writes_clearly_and_still_answers(
     memory: MemoryService, project: Path
 ) -> None:
     await memory.store("The staging database is called pigeon_stage", cwd=project)
-    await memory.db._writer.execute("PRAGMA query_only = 1")  # as a read-only file would
+    await memory.engine.store._writer.execute("PRAGMA query_only = 1")  # as a read-only file would
     with pytest.raises(StorageError, match="read-only"):
         await memory.store("Another fact about the deploy job", cwd=project)
     hits = (await memory.search("staging database", cwd=project)).hits  # uncounted, not lost
@@ -70,4 +70,4 @@ async def test_a_broken_or_missing_model_folder_falls_back_to_the_lexical_floor(
         result = await memory.search("deploys github", cwd=project)
         assert [h.record.id for h in result.hits] == [stored.id]
         assert result.mode == "lexical" and result.warnings
-        assert memory.embeddings.status().degraded
+        assert memory.engine.embeddings.status().degraded

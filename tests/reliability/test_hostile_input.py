@@ -138,7 +138,7 @@ def records(database: Path) -> list[tuple[Any, ...]]:
 
 
 async def count(memory: MemoryService) -> int:
-    return sum((await memory.db.stats()).records.values())
+    return sum((await memory.engine.store.stats()).records.values())
 
 
 def check_answer(
@@ -193,7 +193,7 @@ def test_every_tool_answers_hostile_arguments_without_crashing(tmp_path: Path) -
                 assert after == before, "a refused write left something behind"
 
         probe()
-        diagnosis = portal.call(diagnose, memory.db)
+        diagnosis = portal.call(diagnose, memory.engine.store)
     assert diagnosis.healthy, diagnosis.to_json()
     for record_id, content, tags, meta in records(database):
         assert content and "\x00" not in content and len(content) <= 64_000, record_id
@@ -249,7 +249,7 @@ def test_the_engine_answers_hostile_text_with_its_own_errors(tmp_path: Path) -> 
             elif op == "forget":
                 await memory.forget(text, reason=other, cwd=repo)
             else:
-                await build_brief(memory, cwd)
+                await build_brief(memory.engine, cwd)
 
         @settings(max_examples=EXAMPLES * 2, deadline=None, database=None, derandomize=True)
         @given(
@@ -273,7 +273,7 @@ def test_the_engine_answers_hostile_text_with_its_own_errors(tmp_path: Path) -> 
             assert message is None or message.strip()
 
         probe()
-        assert portal.call(diagnose, memory.db).healthy
+        assert portal.call(diagnose, memory.engine.store).healthy
     for record_id, content, _, _ in records(database):
         assert content and not any("\ud800" <= ch <= "\udfff" for ch in content), record_id
     print(f"engine fuzz: {outcomes['ok']} answered, {outcomes['refused']} refused")

@@ -34,7 +34,7 @@ async def test_instructions_stored_as_memories_stay_fenced_as_data(
 ) -> None:
     for text in INJECTIONS:
         await memory.store(text, cwd=project)
-    brief = (await build_brief(memory, project)).text
+    brief = (await build_brief(memory.engine, project)).text
     lines = brief.splitlines()
     fences = [i for i, line in enumerate(lines) if line.startswith("~~~")]
     assert len(fences) == 2, brief

@@ -60,7 +60,7 @@ async def test_eight_processes_lose_nothing_and_fold_shared_facts_once(
     async with MemoryService.open(
         Settings(), database=database, embedder=FakeEmbedder(), wait_for_embedder=10
     ) as memory:
-        records = {r.id: r async for r in memory.db.iter_records()}
+        records = {r.id: r async for r in memory.engine.store.iter_records()}
         assert set(acked) <= set(records), "an acknowledged write is missing"
         current = [r for r in records.values() if r.current]
         for wordings in SHARED:  # each shared fact ends as one canonical record
@@ -69,4 +69,4 @@ async def test_eight_processes_lose_nothing_and_fold_shared_facts_once(
             held = {m.id for m in canonical[0].merged_from} | {canonical[0].id}
             stored = {i for i in acked if records[i].content in wordings}
             assert stored <= held  # every write of it is the canonical or folded into it
-        assert (await diagnose(memory.db)).healthy
+        assert (await diagnose(memory.engine.store)).healthy

@@ -69,7 +69,7 @@ async def memory(tmp_path: Path, project: Path) -> AsyncIterator[MemoryService]:
 
 
 async def test_the_store_still_holds_them_until_maintenance_runs(memory: MemoryService) -> None:
-    stored = [record.content async for record in memory.db.iter_records()]
+    stored = [record.content async for record in memory.engine.store.iter_records()]
     assert leaks("\n".join(stored)) == list(SECRETS)
 
 
@@ -87,7 +87,7 @@ async def test_search_results_show_them_redacted(memory: MemoryService, project:
 
 async def test_the_brief_shows_them_redacted(memory: MemoryService, project: Path) -> None:
     for dated in (False, True):  # dated: what inject writes
-        brief = await build_brief(memory, project, dated=dated)
+        brief = await build_brief(memory.engine, project, dated=dated)
         assert "AWS creds for staging" in brief.text and "REDIS_URL" in brief.text
         assert not leaks(brief.text), brief.text
 
@@ -123,14 +123,14 @@ async def test_an_old_export_is_redacted_on_import(
     memory: MemoryService, tmp_path: Path, project: Path
 ) -> None:
     exported = io.StringIO()
-    await export_jsonl(memory, exported)
+    await export_jsonl(memory.engine, exported)
     assert leaks(exported.getvalue()) == list(SECRETS)  # a backup is lossless
     async with MemoryService.open(
         Settings(), database=tmp_path / "other.db", embedder=FakeEmbedder()
     ) as other:
-        summary = await import_jsonl(other, exported.getvalue().splitlines())
+        summary = await import_jsonl(other.engine, exported.getvalue().splitlines())
         assert summary.records_added == 3
-        stored = [record.content async for record in other.db.iter_records()]
+        stored = [record.content async for record in other.engine.store.iter_records()]
     assert not leaks("\n".join(stored)) and "REDIS_URL" in "\n".join(stored)
 
 
@@ -142,7 +142,7 @@ async def test_with_the_scan_off_they_are_shown_as_stored(tmp_path: Path, projec
         settings, database=tmp_path / "memory.db", embedder=FakeEmbedder()
     ) as memory:
         found = await memory.search("AWS creds for staging", cwd=project)
-        brief = await build_brief(memory, project)
+        brief = await build_brief(memory.engine, project)
     assert AWS_SECRET in found.hits[0].record.content
     assert leaks(brief.text) == list(SECRETS)
 

@@ -68,21 +68,24 @@ async def test_the_first_schema_migrates_with_every_record_and_field(tmp_path: P
         Settings(), database=database, embedder=EMBEDDER, wait_for_embedder=10
     ) as memory:
         applied = [
-            name for (name,) in await memory.db.reads.fetch("SELECT name FROM schema_migrations")
+            name
+            for (name,) in await memory.engine.store.reads.fetch(
+                "SELECT name FROM schema_migrations"
+            )
         ]
         assert applied == [m.name for m in MIGRATIONS]
-        now = {r.id: r.to_json() async for r in memory.db.iter_records()}
+        now = {r.id: r.to_json() async for r in memory.engine.store.iter_records()}
         assert now == old_records  # every record, every field, archived and history too
-        conflicts = [c.to_json() for c in await memory.db.conflicts()]
+        conflicts = [c.to_json() for c in await memory.engine.store.conflicts()]
         assert conflicts == old_conflicts
-        assert (await diagnose(memory.db)).healthy
-        assert await memory.db.count_needing_embedding(EMBEDDER.name) == 0
+        assert (await diagnose(memory.engine.store)).healthy
+        assert await memory.engine.store.count_needing_embedding(EMBEDDER.name) == 0
         # both indexes answer for the migrated records
         deploy = next(r for r in old_records.values() if "Fly.io" in r["content"])
         where = Filters(scope_keys=(deploy["scope_key"],), corpora=("facts",))
-        lexical = await memory.db.lexical("deploy github actions", where, 3)
+        lexical = await memory.engine.store.lexical("deploy github actions", where, 3)
         query = EMBEDDER.embed(["We deploy with GitHub Actions to Fly.io"])[0]
-        dense = await memory.db.nearest(query, EMBEDDER.name, where, 3)
+        dense = await memory.engine.store.nearest(query, EMBEDDER.name, where, 3)
         assert lexical[0].record.id == dense[0].record.id == deploy["id"]
 
     [backup] = [

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from memory_mcp.agents.inject import inject
-from memory_mcp.brief import build_brief
 from memory_mcp.config import Settings
 from memory_mcp.records import Corpus, Record, format_time, utcnow
 from memory_mcp.scope import project_root
@@ -116,7 +115,7 @@ async def populate(memory: MemoryService, root: Path, facts: int, seed: int = 5)
         words = " ".join(rng.sample(_WORDS, 8))
         batch.append(record("facts", rng.choice(_KINDS), f"{words} ({n})", rng.uniform(0, 730)))
     for start in range(0, len(batch), 2000):
-        async with memory.db.write() as tx:
+        async with memory.engine.store.write() as tx:
             for item in batch[start : start + 2000]:
                 await tx.insert(item, None)
 
@@ -136,7 +135,7 @@ async def run_brief_bench(
             report = BriefBench(facts=facts, populate_s=time.perf_counter() - started)
             for n in range(runs):
                 started = time.perf_counter()
-                brief = await build_brief(memory, root, dated=True)
+                brief = await memory.brief(root, dated=True)
                 inject(root, brief.text)
                 report.runs_ms.append((time.perf_counter() - started) * 1000)
                 report.tokens = brief.tokens

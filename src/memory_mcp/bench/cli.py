@@ -58,7 +58,7 @@ def bench_fold(
             async with open_memory(loaded, Path(tmp) / "bench.db", needs_vectors=True) as memory:
                 if cv is not None:
                     evidence = await pair_evidence(memory, items)
-                    identity = memory.embeddings.identity or "bm25"
+                    identity = memory.engine.embeddings.identity or "bm25"
                     return cross_validate(
                         items, evidence, loaded.settings.fold, k=cv, embedder=identity
                     )

@@ -127,7 +127,7 @@ async def run_fold_bench(
 
     ``memory`` should be opened on a scratch database: the bench writes to it.
     """
-    report = FoldReport(embedder=memory.embeddings.identity or "bm25")
+    report = FoldReport(embedder=memory.engine.embeddings.identity or "bm25")
     with tempfile.TemporaryDirectory(prefix="memory-mcp-bench-fold-") as tmp:
         chunk = 100
         for start in range(0, len(pairs), chunk):
@@ -176,7 +176,7 @@ async def pair_evidence(memory: MemoryService, pairs: list[FoldPair]) -> list[Ev
     vectors: dict[str, Any] = {}
     for start in range(0, len(texts), 256):
         batch = texts[start : start + 256]
-        embedded = await memory.embeddings.embed(batch)
+        embedded = await memory.engine.embeddings.embed(batch)
         if embedded is None:
             return [compare(p.a, p.b) for p in pairs]
         vectors.update(zip(batch, np.asarray(embedded), strict=True))

@@ -37,10 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from memory_mcp.agents.inject import inject
-from memory_mcp.brief import build_brief
 from memory_mcp.config import Settings, WriteSettings
 from memory_mcp.embedders.base import Embedder
-from memory_mcp.exchange import header_line, import_jsonl, record_line
+from memory_mcp.exchange import header_line, record_line
 from memory_mcp.records import utcnow
 from memory_mcp.scope import project_scope
 from memory_mcp.service import MemoryService
@@ -312,8 +311,7 @@ async def fill(
         def other_embedded(done: int, total: int, i: int = i) -> None:
             say(f"{count:,}: other project {i + 1} of 3, embedding", done, total)
 
-        await import_jsonl(
-            memory,
+        await memory.import_(
             export_lines(rows, other),
             progress=other_written,
             embed_progress=other_embedded,
@@ -341,12 +339,14 @@ async def fill(
                 state.embedding_s = time.perf_counter() - written
                 keep(state)
 
-        summary = await import_jsonl(memory, lines, progress=on_written, embed_progress=on_embedded)
+        summary = await memory.import_(lines, progress=on_written, embed_progress=on_embedded)
         if summary.records_added != count:
             raise RuntimeError(f"the import was incomplete: {summary}")
         state.embedding_s = time.perf_counter() - written
-    identity = memory.embeddings.identity
-    if memory.embeddings.ready and await memory.db.count_needing_embedding(identity):
+    identity = memory.engine.embeddings.identity
+    if memory.engine.embeddings.ready and await memory.engine.store.count_needing_embedding(
+        identity
+    ):
         raise RuntimeError("records were left without vectors")
     assert state.written_s is not None
     state.import_per_s = round(count / state.written_s, 1)
@@ -359,7 +359,7 @@ async def fill(
 async def _refuse_partial(memory: MemoryService, root: Path) -> None:
     """Raise if a project that is about to be imported already has records."""
     filters = Filters(scope_keys=(project_scope(root).key,), corpora=("facts", "journal", "docs"))
-    if await memory.db.current(filters, 1):
+    if await memory.engine.store.current(filters, 1):
         raise FillInterrupted(
             f"an earlier fill stopped while writing {root.name}'s records; "
             "remove the folder and start again"
@@ -421,11 +421,11 @@ async def measure(
     brief_ms: list[float] = []
     for _ in range(5):
         started = time.perf_counter()
-        brief = await build_brief(memory, root, dated=True)
+        brief = await memory.brief(root, dated=True)
         inject(root, brief.text)
         brief_ms.append((time.perf_counter() - started) * 1000)
 
-    stats = await memory.db.stats()
+    stats = await memory.engine.store.stats()
     total = sum(stats.records.values())
     filled.runs += 1
     return PerfPoint(
@@ -440,7 +440,7 @@ async def measure(
         brief_inject_ms=round(statistics.median(brief_ms), 1),
         bytes_per_memory=round(stats.database_bytes / max(1, total), 1),
         rss_mb=round(resident_mb(), 1),
-        embedder=memory.embeddings.identity or "bm25",
+        embedder=memory.engine.embeddings.identity or "bm25",
         run_on_store=filled.runs,
     )
 
@@ -489,8 +489,8 @@ async def run_perf(
                 embedder=embedder,
                 wait_for_embedder=60,
             ) as memory:
-                if embedder is None and not memory.embeddings.ready:
-                    await memory.embeddings.wait_loaded(600)
+                if embedder is None and not memory.engine.embeddings.ready:
+                    await memory.engine.embeddings.wait_loaded(600)
                 if not filled.done:
                     filled = await fill(memory, root, filled, progress=progress, save=save)
                 point = await measure(memory, root, filled, samples=samples, progress=progress)

@@ -265,7 +265,7 @@ async def run_retrieval_bench(
         odd=odd,
         cases=cases,
         memories=memories,
-        embedder=memory.embeddings.identity or "bm25",
+        embedder=memory.engine.embeddings.identity or "bm25",
         mode=mode,
         warnings=warnings,
         skipped=skipped,

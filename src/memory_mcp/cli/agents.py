@@ -51,12 +51,11 @@ def _agents(choice: AgentChoice) -> tuple[Agent, ...]:
 
 def _inject(cwd: Path | None, agents: tuple[Agent, ...], imports: bool) -> list[FileChange]:
     from memory_mcp.agents.inject import inject as write_blocks
-    from memory_mcp.brief import build_brief
 
     root = project_root(cwd)
 
     async def use(memory: MemoryService) -> list[FileChange]:
-        brief = await build_brief(memory, root, dated=True)
+        brief = await memory.brief(root, dated=True)
         return write_blocks(root, brief.text, agents, imports=imports)
 
     return with_memory(cwd, use, embeds=False)

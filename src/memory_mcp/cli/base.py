@@ -16,6 +16,7 @@ import typer
 
 from memory_mcp.config import LoadedSettings, load_settings
 from memory_mcp.errors import MemoryMcpError
+from memory_mcp.records import age
 from memory_mcp.scope import project_root
 from memory_mcp.service import MemoryService
 from memory_mcp.terminal import Printer, Report, progress
@@ -113,11 +114,7 @@ async def open_memory(
         settings, database=database, load_embedder=embeds, probe_network=probe, embedder=embedder
     ) as memory:
         if needs_vectors:
-            await memory.embeddings.settle()
-            state = memory.embeddings.status()
-            if not memory.embeddings.ready and state.state == "loading":
-                err.print(f"waiting for the embedding model ({state.reason})")
-                await memory.embeddings.wait_loaded(_DOWNLOAD_WAIT)
+            await memory.wait_for_model(_DOWNLOAD_WAIT, err.print)
         yield memory
 
 
@@ -137,7 +134,5 @@ def short(text: str, width: int = 100) -> str:
 
 def ago(stamp: str, now: datetime) -> str:
     """How long ago: "just now", "5m ago", "3d ago" (``brief.age``'s units)."""
-    from memory_mcp.brief import age
-
     span = age(stamp, now)
     return "just now" if span == "now" else f"{span} ago"

@@ -197,8 +197,6 @@ def brief(
     as_json: JsonOption = False,
 ) -> None:
     """Print the spawn brief: goal, plan, top facts by the prior, recent journal."""
-    from memory_mcp.brief import build_brief
-
     if hook and cwd is None:
         cwd = _hook_cwd()
     if hook and agent is not None:
@@ -209,7 +207,7 @@ def brief(
             return
 
     async def use(memory: MemoryService) -> Any:
-        return await build_brief(memory, cwd, budget=budget)
+        return await memory.brief(cwd, budget=budget)
 
     result = with_memory(cwd, use, embeds=False)
     if hook:

@@ -30,13 +30,9 @@ def export_cmd(
     cwd: CwdOption = None,
 ) -> None:
     """Export every record (archived and history too) and conflict as JSONL."""
-    from memory_mcp.exchange import export_jsonl, open_private
 
     async def use(memory: MemoryService) -> Any:
-        if path is None:
-            return await export_jsonl(memory, sys.stdout)
-        with open_private(path) as fh:
-            return await export_jsonl(memory, fh)
+        return await memory.export(sys.stdout if path is None else path)
 
     summary = with_memory(cwd, use, embeds=False)
     err.print(f"exported {summary.records} records and {summary.conflicts} conflicts")
@@ -48,8 +44,6 @@ def import_cmd(
     as_json: JsonOption = False,
 ) -> None:
     """Import an export: records are added exactly (existing ids skipped), then embedded."""
-    from memory_mcp.exchange import import_jsonl
-
     if str(path) != "-" and not path.is_file():
         err.print(f"error: {path} is not a file")
         raise typer.Exit(66)
@@ -62,7 +56,7 @@ def import_cmd(
 
             source = nullcontext(sys.stdin) if str(path) == "-" else path.open(encoding="utf-8")
             with source as lines:
-                return await import_jsonl(memory, lines, progress=report, embed_progress=embedding)
+                return await memory.import_(lines, progress=report, embed_progress=embedding)
 
     summary = with_memory(cwd, use)
     if as_json:
@@ -95,19 +89,14 @@ def ingest(
     as_json: JsonOption = False,
 ) -> None:
     """Index the project's own documents into the knowledge corpus (only what changed)."""
-    from memory_mcp.ingest import ingest as run_ingest
-    from memory_mcp.ingest import ingest_agent_memories
-
     root = project_root(cwd)
     given = [p if p.is_absolute() else Path.cwd() / p for p in paths or []]
 
     async def use(memory: MemoryService) -> Any:
         with progress_bar("files", None) as report:
-            summaries = [
-                ("project documents", await run_ingest(memory, root, given, progress=report))
-            ]
+            summaries = [("project documents", await memory.ingest(root, given, progress=report))]
             if agent_memories and not given:
-                found = await ingest_agent_memories(memory, root, progress=report)
+                found = await memory.ingest_agent_memories(root, progress=report)
                 if found.files or found.removed:
                     summaries.append(("Claude Code memory files", found))
             return summaries

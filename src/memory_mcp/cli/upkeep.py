@@ -7,7 +7,7 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -25,6 +25,9 @@ from memory_mcp.cli.base import (
 )
 from memory_mcp.scope import project_root
 from memory_mcp.service import MemoryService
+
+if TYPE_CHECKING:
+    from memory_mcp.maintenance import TaskReport
 
 conflicts_app = typer.Typer(
     help="The operator's inbox: open conflicts, and `conflicts resolve`.",
@@ -50,7 +53,7 @@ def reembed(
     """Give every current record a vector from the active embedder (resumable)."""
 
     async def use(memory: MemoryService) -> Any:
-        total = await memory.db.count_needing_embedding(memory.embeddings.identity)
+        total = await memory.awaiting_embedding()
         with progress_bar("re-embedding", total) as report:
             return await memory.reembed(batch_size=batch_size, progress=report)
 
@@ -78,19 +81,15 @@ def maintain(
     as_json: JsonOption = False,
 ) -> None:
     """Run the maintenance tasks now: secrets, re-embed, consolidate, insights, staleness, purge."""
-    from memory_mcp import maintenance
+    chosen = [t.value for t in task] if task else None
 
-    chosen = [t.value for t in task] if task else list(maintenance.TASKS)
-
-    async def use(memory: MemoryService) -> list[maintenance.TaskReport]:
+    async def use(memory: MemoryService) -> list[TaskReport]:
         with err.console.status("maintenance") as spinner:
 
             def say(name: str) -> None:
                 spinner.update(f"maintenance: {name}")
 
-            if dry_run:
-                return await maintenance.dry_run(memory, chosen, progress=say)
-            return await maintenance.Maintenance(memory, progress=say).run(chosen)
+            return await memory.maintain(chosen, dry_run=dry_run, progress=say)
 
     reports = with_memory(cwd, use)
     if as_json:
@@ -108,9 +107,7 @@ def conflicts(ctx: typer.Context, cwd: CwdOption = None, as_json: JsonOption = F
     """List the open conflicts: both texts, the scope and the age."""
     if ctx.invoked_subcommand is not None:
         return
-    from memory_mcp import maintenance
-
-    views = with_memory(cwd, maintenance.open_conflicts, embeds=False)
+    views = with_memory(cwd, MemoryService.conflicts, embeds=False)
     if as_json:
         print_json([v.to_json() for v in views])
         return
@@ -149,15 +146,13 @@ def conflicts_resolve(
     as_json: JsonOption = False,
 ) -> None:
     """Resolve a conflict: keep the newer, the older, both, or a merged text."""
-    from memory_mcp import maintenance
-
     number = conflict_id.strip().removeprefix("#")
     if not number.isdigit():
         err.print(f"error: {conflict_id!r} is not a conflict number; use one `conflicts` lists")
         raise typer.Exit(2)
 
     async def use(memory: MemoryService) -> Any:
-        return await maintenance.resolve_conflict(memory, int(number), keep.value, text)
+        return await memory.resolve_conflict(int(number), keep.value, text)
 
     closed, merged = with_memory(cwd, use, embeds=text is not None)
     if as_json:
@@ -181,7 +176,7 @@ def archived(
 
     async def use(memory: MemoryService) -> Any:
         keys = () if all_scopes else memory.scope_keys("all", cwd)
-        return await memory.db.archived(keys, reason=reason, limit=limit)
+        return await memory.archived(keys, reason=reason, limit=limit)
 
     records = with_memory(cwd, use, embeds=False)
     if as_json:
@@ -203,10 +198,9 @@ def restore(
     as_json: JsonOption = False,
 ) -> None:
     """Bring archived records back exactly as they were (until the purge)."""
-    from memory_mcp import maintenance
 
     async def use(memory: MemoryService) -> Any:
-        return await maintenance.restore(memory, record_ids)
+        return await memory.restore(record_ids)
 
     records = with_memory(cwd, use)
     if as_json:
@@ -223,10 +217,9 @@ def project_done(
     as_json: JsonOption = False,
 ) -> None:
     """Archive a finished project's records (reason project-done; restorable until purged)."""
-    from memory_mcp import maintenance
 
     async def use(memory: MemoryService) -> int:
-        return await maintenance.archive_project(memory, cwd, dry_run=dry_run)
+        return await memory.archive_project(cwd, dry_run=dry_run)
 
     count = with_memory(cwd, use, embeds=False)
     root = project_root(cwd)
@@ -247,7 +240,7 @@ def doctor(
     """Check the database: SQLite's integrity, the full-text and vector indexes, conflicts."""
 
     async def use(memory: MemoryService) -> Any:
-        return await memory.db.doctor(repair=repair)
+        return await memory.doctor(repair=repair)
 
     found = with_memory(cwd, use, embeds=False)
     if as_json:
@@ -274,7 +267,7 @@ def backup(
     """Copy the database while servers keep writing (a consistent, owner-only copy)."""
 
     async def use(memory: MemoryService) -> Path:
-        return await memory.db.backup(path.expanduser(), force=force)
+        return await memory.backup(path.expanduser(), force=force)
 
     written = with_memory(cwd, use, embeds=False)
     size = written.stat().st_size

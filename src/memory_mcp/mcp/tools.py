@@ -484,9 +484,7 @@ def build_server(memory: MemoryService) -> MCPServer[Any]:
     @tool(hints=READS)
     async def memory_brief(roots: Roots, cwd: Cwd = None) -> BriefOut:
         """The project's memory brief: goal, plan, key facts and recent work."""
-        from memory_mcp.brief import build_brief
-
-        result = await _call(build_brief(memory, _where(cwd, roots)))
+        result = await _call(memory.brief(_where(cwd, roots)))
         return BriefOut(brief=result.text, tokens=result.tokens)
 
     return MCPServer(

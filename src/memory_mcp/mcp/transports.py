@@ -35,7 +35,6 @@ from typing import Any, Literal
 import anyio
 from mcp.server.transport_security import TransportSecuritySettings
 
-from memory_mcp import maintenance
 from memory_mcp.config import LoadedSettings, ServeSettings, load_settings
 from memory_mcp.errors import ConfigError, MemoryMcpError
 from memory_mcp.mcp.tools import build_server
@@ -170,10 +169,10 @@ async def serve(
         async with MemoryService.open(loaded) as memory, anyio.create_task_group() as group:
             group.start_soon(memory.warm_up)  # the start directory's project
             if memory.settings.maintenance.enabled:
-                group.start_soon(maintenance.loop, memory)
+                group.start_soon(memory.maintenance_loop)
             server = build_server(memory)
             if transport == "stdio":
-                log.info("serving MCP over stdio (%s)", memory.db.location)
+                log.info("serving MCP over stdio (%s)", memory.location)
                 await server.run_stdio_async()
             else:
                 assert listener is not None
@@ -279,7 +278,7 @@ async def _serve_http(
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets=sockets)
             if self.started and ready is not None:
-                ready(f"serving MCP over {transport} at {url} ({memory.db.location})")
+                ready(f"serving MCP over {transport} at {url} ({memory.location})")
 
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:

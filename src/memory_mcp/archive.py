@@ -1,0 +1,110 @@
+"""Archiving, the soft delete, and its undoing: what ``memory_forget``, ``restore``,
+``archived`` and ``project done`` do.
+
+An archived record leaves every search and the brief, and stays restorable
+exactly as it was until maintenance's purge deletes it (``maintenance.grace_days``
+after it was archived).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from memory_mcp.engine import Engine
+from memory_mcp.errors import InvalidInput, NotFound
+from memory_mcp.records import Record, format_time, without_surrogates
+from memory_mcp.scope import project_scope
+from memory_mcp.write import clean_text
+
+_BATCH = 200  # records per transaction
+
+
+async def forget(
+    engine: Engine,
+    record_id: str,
+    *,
+    reason: str = "forgotten",
+    cwd: str | Path | None = None,
+    anywhere: bool = True,
+) -> Record:
+    """Archive a record (reversible until the purge's grace window ends).
+
+    Args:
+        anywhere: False limits it to records of ``cwd``'s project and the global
+            scope (what an agent may touch); the operator's CLI may archive any.
+
+    Raises:
+        NotFound: no record has that id (in reach).
+        InvalidInput: the record is already archived, or no reason is given.
+    """
+    if not isinstance(reason, str) or not reason.strip():
+        raise InvalidInput("reason is empty; say why the memory no longer holds")
+    if not isinstance(record_id, str) or not record_id.strip():
+        raise InvalidInput("id is empty; pass the id of the memory to forget")
+    record = await engine.store.get(without_surrogates(record_id.strip()))
+    if (
+        record is not None
+        and not anywhere
+        and record.scope_key not in engine.scope_keys("all", cwd)
+    ):
+        record = None
+    if record is None:
+        where = "" if anywhere else " in this project or the global scope"
+        raise NotFound(f"no record with id {record_id!r}{where}")
+    if record.archived_at is not None:
+        raise InvalidInput(f"record {record_id} is already archived ({record.archived_reason})")
+    async with engine.store.write() as tx:
+        await tx.archive(record.id, clean_text(reason), format_time(engine.clock()))
+    archived = await engine.store.get(record.id)
+    assert archived is not None
+    return archived
+
+
+async def restore(engine: Engine, record_ids: Sequence[str]) -> list[Record]:
+    """Bring archived records back exactly as they were (until the purge takes them).
+
+    All or nothing: an unknown id, or one that is not archived, fails the call
+    before anything changes. A record a fold had absorbed leaves the record that
+    holds it. Vectors are made again at once when the embedder is ready (else
+    re-embedding catches up).
+
+    Raises:
+        NotFound: no record has one of the ids (or it was purged).
+        InvalidInput: a record is not archived.
+    """
+    ids = list(dict.fromkeys(i.strip() for i in record_ids if i.strip()))
+    if not ids:
+        raise InvalidInput("no id given; pass the ids of archived records (memory-mcp archived)")
+    at = format_time(engine.clock())
+    found: dict[str, Record] = {}
+    async with engine.store.write() as tx:  # checked inside: nothing changes on an error
+        for record_id in ids:
+            record = await tx.get(record_id)
+            if record is None:
+                raise NotFound(f"no record with id {record_id!r} (purged records cannot come back)")
+            if record.archived_at is None:
+                raise InvalidInput(f"record {record_id} is not archived")
+            found[record_id] = record
+        restored = [r for r in [await tx.restore(i, at) for i in ids] if r is not None]
+    holders = [r.replaced_by for r in found.values() if r.replaced_by]
+    await engine.embed_stored([*ids, *holders])
+    return await engine.store.get_many([r.id for r in restored])
+
+
+async def archive_project(engine: Engine, cwd: str | Path | None, *, dry_run: bool = False) -> int:
+    """Archive every record of a finished project (reason ``project-done``); how many.
+
+    History goes too, so the purge leaves nothing of the project behind once the
+    grace window ends; ``restore`` brings any of it back until then.
+    """
+    scope_key = project_scope(cwd).key
+    if dry_run:
+        return await engine.store.count_unarchived(scope_key)
+    archived = 0
+    at = format_time(engine.clock())
+    while batch := await engine.store.unarchived(scope_key, _BATCH):
+        async with engine.store.write() as tx:
+            for record_id in batch:
+                archived += await tx.archive(record_id, "project-done", at)
+    return archived

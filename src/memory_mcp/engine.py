@@ -1,0 +1,287 @@
+"""The engine: what every feature module works with.
+
+An ``Engine`` holds the settings, the store (typed as ``storage.base.Store``:
+whichever backend the factory opened), the embeddings, the clock, and the
+embedding work several features share: vectors for texts, vectors for stored
+records, the re-embedding queue. The feature modules (``write``, ``search``,
+``brief``, ``ingest``, ``exchange``, ``maintenance``, ``conflicts``,
+``archive``) each take one; ``service.MemoryService`` is the facade over them
+that the CLI and the MCP server call.
+
+    async with Engine.open(settings) as engine:
+        vectors = await engine.embed_records(["We deploy with GitHub Actions"])
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from memory_mcp import ranker
+from memory_mcp.config import LoadedSettings, Settings
+from memory_mcp.embedders.base import Embedder
+from memory_mcp.embedders.runtime import Embeddings
+from memory_mcp.errors import EmbedderError, InvalidInput
+from memory_mcp.fusion import SearchPlan
+from memory_mcp.passages import record_passages
+from memory_mcp.records import utcnow
+from memory_mcp.scope import GLOBAL_KEY, project_scope
+from memory_mcp.storage.base import Store, Vector
+from memory_mcp.storage.factory import open_store
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], datetime]
+SearchScope = Literal["project", "global", "all"]
+# Records per embedding call when embedding stored records: small, so that a search
+# waiting for the model (one call at a time) waits ~0.1 s, not the 0.8 s of 64 passages.
+EMBED_BATCH = 8
+_AWAITING_TTL_S = 30.0
+
+
+@dataclass(frozen=True)
+class ReembedSummary:
+    embedder: str
+    embedded: int
+    remaining: int
+
+
+class Engine:
+    """The settings, the store, the embeddings and the clock, shared by every feature."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: Store,
+        embeddings: Embeddings,
+        *,
+        clock: Clock = utcnow,
+        sources: Sequence[str] = (),
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.embeddings = embeddings
+        self.clock = clock
+        self.sources = list(sources)  # where the settings came from (``status``)
+        self._awaiting: tuple[float, int] = (-_AWAITING_TTL_S * 2, 0)
+        self.plan = SearchPlan(
+            candidates=settings.search.candidates,
+            lexical_weight=settings.search.lexical_weight,
+            min_relevance=settings.search.min_relevance,
+            context_seconds=settings.search.context_minutes * 60,
+            feedback_weight=settings.search.feedback_weight,
+            ranking=ranker.RankerConfig(
+                half_life_days=settings.ranking.half_life_days,
+                durable_half_life_days=settings.ranking.durable_half_life_days,
+                prior_weight=settings.ranking.prior_weight,
+            ),
+            redact=settings.write.secrets != "off",
+        )
+
+    @classmethod
+    @asynccontextmanager
+    async def open(
+        cls,
+        settings: Settings | LoadedSettings,
+        *,
+        database: Path | None = None,
+        embedder: Embedder | None = None,
+        clock: Clock = utcnow,
+        wait_for_embedder: float = 0.0,
+        load_embedder: bool = True,
+        probe_network: bool = False,
+    ) -> AsyncIterator[Engine]:
+        """Open the store and start the embedder (loading in the background).
+
+        Args:
+            settings: the settings (or loaded settings with their sources).
+            database: overrides the database path of the settings.
+            embedder: use this embedder instead of the configured ones (tests).
+            clock: the time source.
+            wait_for_embedder: seconds to wait for the embedder's first load attempt.
+            load_embedder: False finds the model without loading it (work that
+                embeds nothing, such as ``status``).
+            probe_network: with ``load_embedder`` False, also check whether a model
+                that is not here could be downloaded (``status``).
+        """
+        sources: list[str] = []
+        if isinstance(settings, LoadedSettings):
+            sources = settings.sources
+            settings = settings.settings
+        store = await open_store(settings, database=database, clock=clock)
+        try:
+            embeddings = Embeddings(
+                settings.embedder,
+                candidates=[embedder] if embedder is not None else None,
+            )
+            if store.vectors_available:
+                embeddings.start(
+                    await store.dense_embedders(), load=load_embedder, probe=probe_network
+                )
+            else:
+                embeddings.start({}, load=load_embedder, probe=probe_network)
+                if embedder is None:
+                    log.warning("vectors are off: %s", store.details)
+            if wait_for_embedder > 0:
+                await embeddings.wait_settled(wait_for_embedder)
+            yield cls(settings, store, embeddings, clock=clock, sources=sources)
+        finally:
+            await store.close()
+
+    @property
+    def ranking(self) -> ranker.RankerConfig:
+        """The one ranker's settings (half-life, prior weight)."""
+        return self.plan.ranking
+
+    @property
+    def redacts(self) -> bool:
+        """Whether what is shown goes through the current secret rules (``write.secrets``
+        not off): search hits, the records they name, the brief."""
+        return self.plan.redact
+
+    def scope_keys(self, scope: SearchScope, cwd: str | Path | None) -> tuple[str, ...]:
+        """The scope keys a search reads: the project's, the global one, or both."""
+        if scope == "global":
+            return (GLOBAL_KEY,)
+        if scope not in ("project", "all"):
+            raise InvalidInput(f"scope must be 'project', 'global' or 'all', got {scope!r}")
+        project = project_scope(cwd).key
+        return (project,) if scope == "project" else (project, GLOBAL_KEY)
+
+    # Embedding -----------------------------------------------------------------------
+
+    async def embed_records(
+        self, texts: Sequence[str], *, merged: Sequence[Sequence[str]] = ()
+    ) -> list[Vector] | None:
+        """Passage vectors per record (its whole text first), or None on the lexical floor.
+
+        Args:
+            texts: each record's content.
+            merged: each record's folded texts (their passages follow its own).
+        """
+        if not texts:
+            return None
+        await self.embeddings.settle()
+        if self.embeddings.identity is None or not self.embeddings.ready:
+            return None
+        folded = list(merged) or [[] for _ in texts]
+        passages = [
+            record_passages(text, list(extra)) for text, extra in zip(texts, folded, strict=True)
+        ]
+        flat = [p for group in passages for p in group]
+        matrix = await self.embeddings.embed(flat)
+        if matrix is None:
+            return None
+        out: list[Vector] = []
+        offset = 0
+        for group in passages:
+            out.append(np.asarray(matrix[offset : offset + len(group)], dtype=np.float32))
+            offset += len(group)
+        return out
+
+    async def embed_stored(self, record_ids: Sequence[str]) -> int:
+        """Give stored records their vectors now (restored, refined, new insights); how
+        many got one.
+
+        A few records per model call, so that searches waiting for the model are not
+        held up; what cannot be embedded now waits for the re-embed task.
+        """
+        identity = self.embeddings.identity
+        records = [r for r in await self.store.get_many(record_ids) if r.current]
+        if identity is None:
+            return 0
+        done = 0
+        for start in range(0, len(records), EMBED_BATCH):
+            batch = records[start : start + EMBED_BATCH]
+            vectors = await self.embed_records(
+                [r.content for r in batch],
+                merged=[[m.content for m in r.merged_from] for r in batch],
+            )
+            if vectors is None:
+                break
+            async with self.store.write() as tx:
+                done += await tx.set_vectors(list(zip(batch, vectors, strict=True)), identity)
+        return done
+
+    async def reembed(
+        self,
+        *,
+        batch_size: int = 64,
+        progress: Callable[[int, int], None] | None = None,
+        most: int | None = None,
+    ) -> ReembedSummary:
+        """Give every current record a vector from the active embedder.
+
+        Batched and resumable: each batch commits on its own, and a record done
+        is no longer "awaiting", so an interrupted run continues where it stopped.
+
+        Args:
+            batch_size: records per batch (and per transaction).
+            progress: called with (records done so far, records to do).
+            most: stop after about this many records (maintenance renews its lease
+                between such rounds).
+
+        Raises:
+            EmbedderError: no dense embedder is ready.
+        """
+        await self.embeddings.settle()
+        identity = self.embeddings.identity
+        if identity is None or not self.embeddings.ready:
+            raise EmbedderError(
+                f"no embedder is ready to re-embed with: {self.embeddings.status().reason}"
+            )
+        total = await self.store.count_needing_embedding(identity)
+        done = 0
+        seen: set[str] = set()
+        while most is None or len(seen) < most:
+            records = await self.store.needing_embedding(identity, batch_size)
+            fresh = [r for r in records if r.id not in seen]
+            if not fresh:
+                break
+            seen.update(r.id for r in fresh)
+            vectors = await self.embed_records(
+                [r.content for r in fresh],
+                merged=[[m.content for m in r.merged_from] for r in fresh],
+            )
+            if vectors is None:
+                raise EmbedderError(
+                    f"the embedder stopped answering: {self.embeddings.status().reason}"
+                )
+            async with self.store.write() as tx:
+                done += await tx.set_vectors(list(zip(fresh, vectors, strict=True)), identity)
+            if progress is not None:
+                progress(done, total)
+        remaining = await self.store.count_needing_embedding(identity)
+        self._awaiting = (time.monotonic(), remaining)
+        return ReembedSummary(embedder=identity, embedded=done, remaining=remaining)
+
+    async def awaiting_vectors(self, identity: str) -> int:
+        """How many current records lack vectors from ``identity`` (counted every 30 s)."""
+        at, count = self._awaiting
+        if time.monotonic() - at > _AWAITING_TTL_S:
+            count = await self.store.count_needing_embedding(identity)
+            self._awaiting = (time.monotonic(), count)
+        return count
+
+    async def warm_up(self, cwd: str | Path | None = None) -> None:
+        """Load the project's and the global scope's vectors into memory ahead of use.
+
+        A server calls this in the background at start, once its embedder has
+        settled, so that its first search or store does not pay for the load
+        (0.35 s at 50,000 memories). Failures are logged, never raised.
+        """
+        try:
+            await self.embeddings.wait_settled(120)
+            identity = self.embeddings.identity
+            if identity is not None:
+                await self.store.load_vectors(identity, self.scope_keys("all", cwd))
+        except Exception:
+            log.warning("could not load the vectors ahead of use", exc_info=True)
