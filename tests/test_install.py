@@ -12,11 +12,11 @@ from memory_mcp.agents.install import (
     hook_path,
     inspect,
     install,
-    server_env,
     server_path,
     todo,
     uninstall,
 )
+from memory_mcp.agents.server_entry import server_env
 from memory_mcp.errors import InvalidInput
 
 CLAUDE_JSON = {

@@ -26,8 +26,9 @@ from memory_mcp.scope import project_root
 from memory_mcp.service import MemoryService
 
 if TYPE_CHECKING:
+    from memory_mcp.agents.config_files import ConfigChange
     from memory_mcp.agents.inject import Agent, FileChange
-    from memory_mcp.agents.install import ConfigChange, InstallScope
+    from memory_mcp.agents.install import InstallScope
 
 
 class CliChoice(StrEnum):
