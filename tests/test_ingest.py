@@ -6,16 +6,14 @@ from pathlib import Path
 
 import pytest
 
+from memory_mcp.chunking import CHUNK_CHARS, chunk_markdown, chunk_text
 from memory_mcp.config import Settings
 from memory_mcp.errors import InvalidInput, NotFound
 from memory_mcp.ingest import (
     CHANGED_REASON,
-    CHUNK_CHARS,
     DEFAULT_PATTERNS,
     MAX_FILE_BYTES,
     REMOVED_REASON,
-    chunk_markdown,
-    chunk_text,
     ingest,
 )
 from memory_mcp.records import Record
