@@ -1,27 +1,23 @@
 """A separate process that stores memories, as a second agent's server would.
 
-Usage: python concurrency_worker.py DB CWD TEXT...  It prints "ready", waits for a
-line on stdin (the go signal), stores every TEXT, and prints the results as JSON.
+Usage: python concurrency_worker.py STORAGE_URL CWD TEXT...  It prints "ready", waits
+for a line on stdin (the go signal), stores every TEXT, and prints the results as JSON.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 import anyio
 
 from helpers.processes import wait_for_go
-from memory_mcp.config import Settings
-from memory_mcp.embedders.base import FakeEmbedder
-from memory_mcp.service import MemoryService, StoreRequest
+from helpers.storage import open_url
+from memory_mcp.service import StoreRequest
 
 
-async def main(db: str, cwd: str, texts: list[str]) -> None:
-    async with MemoryService.open(
-        Settings(), database=Path(db), embedder=FakeEmbedder(), wait_for_embedder=10
-    ) as memory:
+async def main(url: str, cwd: str, texts: list[str]) -> None:
+    async with open_url(url) as memory:
         wait_for_go()
         results = []
         for text in texts:

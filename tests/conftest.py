@@ -4,7 +4,10 @@ The storage backend of the whole suite is SQLite in each test's ``tmp_path``
 unless ``--storage-url URL`` (or ``$MEMORY_MCP_TEST_STORAGE_URL``) names another:
 ``{id}`` in it becomes a name unique to each test (its own database), and the
 services the fixtures open, the settings fixture and every process a test
-starts (through ``MEMORY_MCP_STORAGE_URL``) use it.
+starts (through ``MEMORY_MCP_STORAGE_URL``) use it; a test names each further store it
+opens through ``helpers.storage.store_place``. A test marked ``sqlite_only`` is about
+the SQLite file itself: it runs on SQLite in its ``tmp_path`` whatever ``sqlite:`` URL
+is selected, and is skipped when the URL names another backend.
 """
 
 from __future__ import annotations
@@ -18,11 +21,12 @@ import pytest
 
 from helpers.model import MODEL_ENV, MODEL_NAME, model_path
 from helpers.processes import Workers
-from helpers.storage import STORAGE_URL_ENV, database_in
+from helpers.storage import STORAGE_URL_ENV, store_place
 from memory_mcp.config import Settings, StorageSettings
 from memory_mcp.embedders.base import FakeEmbedder
 from memory_mcp.embedders.fastembed import FastEmbedEmbedder
 from memory_mcp.service import MemoryService
+from memory_mcp.storage.factory import scheme
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -34,10 +38,29 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    template = str(config.getoption("--storage-url") or "")
+    if template and "{id}" not in template:
+        raise pytest.UsageError(f"--storage-url {template!r} has no {{id}}: tests would share it")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    template = str(config.getoption("--storage-url") or "")
+    if scheme(template) == "sqlite":
+        return
+    skip = pytest.mark.skip(reason="this test is about the SQLite file")
+    for item in items:
+        if item.get_closest_marker("sqlite_only"):
+            item.add_marker(skip)
+
+
 @pytest.fixture
 def storage_url(request: pytest.FixtureRequest) -> str:
-    """This test's ``storage.url``: empty for SQLite in ``tmp_path`` (the default)."""
+    """This test's ``storage.url``: empty for SQLite in ``tmp_path`` (the default, and
+    always for a ``sqlite_only`` test)."""
     template = str(request.config.getoption("--storage-url") or "")
+    if request.node.get_closest_marker("sqlite_only"):
+        return ""
     return template.replace("{id}", uuid.uuid4().hex[:12])
 
 
@@ -88,9 +111,10 @@ async def memory(
     tmp_path: Path, settings: Settings, storage_url: str
 ) -> AsyncIterator[MemoryService]:
     """A service on a fresh database with the deterministic fake embedder."""
+    settings, database = store_place(tmp_path, storage_url, settings=settings)
     async with MemoryService.open(
         settings,
-        database=database_in(tmp_path, storage_url),
+        database=database,
         embedder=FakeEmbedder(),
         wait_for_embedder=10,
     ) as service:
@@ -110,9 +134,10 @@ async def real_memory(
     tmp_path: Path, settings: Settings, real_embedder: FastEmbedEmbedder, storage_url: str
 ) -> AsyncIterator[MemoryService]:
     """A service on a fresh database with the real model."""
+    settings, database = store_place(tmp_path, storage_url, settings=settings)
     async with MemoryService.open(
         settings,
-        database=database_in(tmp_path, storage_url),
+        database=database,
         embedder=real_embedder,
         wait_for_embedder=60,
     ) as service:

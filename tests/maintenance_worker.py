@@ -1,6 +1,6 @@
 """A separate process that runs the consolidation sweep, as a second server would.
 
-Usage: python maintenance_worker.py DB SECONDS LLM_COMMAND.  It prints "ready",
+Usage: python maintenance_worker.py STORAGE_URL SECONDS LLM_COMMAND.  It prints "ready",
 waits for a line on stdin (the go signal), then runs the sweep again and again
 for SECONDS, and prints each attempt (wall-clock start and end, report) as JSON.
 """
@@ -10,22 +10,17 @@ from __future__ import annotations
 import json
 import sys
 import time
-from pathlib import Path
 
 import anyio
 
 from helpers.processes import wait_for_go
-from memory_mcp.config import Settings
-from memory_mcp.embedders.base import FakeEmbedder
+from helpers.storage import open_url
 from memory_mcp.llm import Command
 from memory_mcp.maintenance import Maintenance
-from memory_mcp.service import MemoryService
 
 
-async def main(db: str, seconds: str, llm: str) -> None:
-    async with MemoryService.open(
-        Settings(), database=Path(db), embedder=FakeEmbedder(), wait_for_embedder=10
-    ) as memory:
+async def main(url: str, seconds: str, llm: str) -> None:
+    async with open_url(url) as memory:
         worker = Maintenance(memory.engine, llm=Command(llm))
         wait_for_go()
         attempts = []

@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from helpers.model import MODEL_ENV, model_path
+from helpers.storage import store_url
 from memory_mcp import __version__
 from memory_mcp.cli.app import app
 
@@ -122,14 +123,14 @@ def test_with_no_model_everything_works_on_the_bm25_floor_and_status_says_so(
 
 @pytest.mark.usefixtures("with_model")
 def test_export_import_and_reembed_round_trip(
-    project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    project: Path, tmp_path: Path, storage_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     run("store", "Use uv for installs", cwd=project)
     run("store", "--kind", "decision", "We chose SQLite over Postgres for the store", cwd=project)
     dump = tmp_path / "dump.jsonl"
     code, _, err = run("export", str(dump), cwd=project)
     assert code == 0 and "exported 2 records" in err
-    monkeypatch.setenv("MEMORY_MCP_DATA_DIR", str(tmp_path / "second"))
+    monkeypatch.setenv("MEMORY_MCP_STORAGE_URL", store_url(tmp_path, storage_url, "second"))
     code, out, _ = run("import", "--json", str(dump), cwd=project)
     assert code == 0
     summary = json.loads(out)
@@ -322,6 +323,7 @@ def test_maintain_dry_run_project_done_and_status(
     assert "no memories found" in out
 
 
+@pytest.mark.sqlite_only  # backs up and restores the SQLite file
 def test_doctor_and_backup(project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MEMORY_MCP_EMBEDDER_BACKEND", "bm25")
     run("store", "The staging database is called pigeon_stage", cwd=project)
@@ -425,6 +427,7 @@ def test_without_a_model_and_offline_reembed_fails_at_once_saying_how_to_provide
     assert "embedder.model_path" in out and "downloading" not in out
 
 
+@pytest.mark.sqlite_only  # the WAL files beside the default SQLite file
 def test_the_backup_hint_says_to_remove_the_wal_files(
     project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from helpers.processes import Workers, release
-from memory_mcp.config import Settings
+from helpers.storage import store_place, store_url
 from memory_mcp.embedders.base import FakeEmbedder
 from memory_mcp.service import MemoryService
 
@@ -18,10 +18,10 @@ TIMEOUT = 120
 
 
 def run_together(
-    workers: Workers, db: Path, cwd: Path, batches: list[list[str]]
+    workers: Workers, url: str, cwd: Path, batches: list[list[str]]
 ) -> list[list[dict[str, str]]]:
     """Start one process per batch, release them at once, return each one's results."""
-    procs = [workers.start(WORKER, db, cwd, *texts) for texts in batches]
+    procs = [workers.start(WORKER, url, cwd, *texts) for texts in batches]
     release(*procs)
     return [proc.result(timeout=TIMEOUT) for proc in procs]
 
@@ -45,34 +45,37 @@ PARAPHRASES = [
 
 
 async def test_two_processes_storing_paraphrases_at_once_end_with_one_canonical_record(
-    tmp_path: Path, project: Path, workers: Workers
+    tmp_path: Path, storage_url: str, project: Path, workers: Workers
 ) -> None:
-    db = tmp_path / "shared.db"
-    async with MemoryService.open(Settings(), database=db, embedder=FakeEmbedder()):
+    settings, db = store_place(tmp_path, storage_url, "shared")
+    async with MemoryService.open(settings, database=db, embedder=FakeEmbedder()):
         pass  # create and migrate once, so both workers race on the writes only
     first, second = run_together(
-        workers, db, project, [[a for a, _ in PARAPHRASES], [b for _, b in PARAPHRASES]]
+        workers,
+        store_url(tmp_path, storage_url, "shared"),
+        project,
+        [[a for a, _ in PARAPHRASES], [b for _, b in PARAPHRASES]],
     )
     for one, two in zip(first, second, strict=True):
         # Whoever wrote second saw the first one's record and folded into it.
         assert sorted([one["action"], two["action"]]) == ["folded", "inserted"], (one, two)
-    async with MemoryService.open(Settings(), database=db, embedder=FakeEmbedder()) as memory:
+    async with MemoryService.open(settings, database=db, embedder=FakeEmbedder()) as memory:
         stats = await memory.engine.store.stats()
         assert stats.records[("facts", "project", "current")] == len(PARAPHRASES)
         assert stats.records[("facts", "project", "archived")] == len(PARAPHRASES)
 
 
 async def test_concurrent_writers_lose_no_acknowledged_write(
-    tmp_path: Path, project: Path, workers: Workers
+    tmp_path: Path, storage_url: str, project: Path, workers: Workers
 ) -> None:
-    db = tmp_path / "shared.db"
+    settings, db = store_place(tmp_path, storage_url, "shared")
     batches = [
         [f"Worker {w} note {i}: service-{w}-{i} uses port {10000 + 100 * w + i}" for i in range(25)]
         for w in range(3)
     ]
-    outputs = run_together(workers, db, project, batches)
+    outputs = run_together(workers, store_url(tmp_path, storage_url, "shared"), project, batches)
     ids = [r["id"] for out in outputs for r in out]
     assert len(ids) == 75
-    async with MemoryService.open(Settings(), database=db, embedder=FakeEmbedder()) as memory:
+    async with MemoryService.open(settings, database=db, embedder=FakeEmbedder()) as memory:
         found = await memory.engine.store.get_many(ids)
         assert len(found) == 75

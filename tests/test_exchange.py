@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from memory_mcp.config import Settings
+from helpers.storage import store_place
 from memory_mcp.embedders.base import FakeEmbedder
 from memory_mcp.errors import InvalidInput
 from memory_mcp.exchange import export_jsonl, import_jsonl, parse_export
@@ -42,10 +42,11 @@ async def dump(memory: MemoryService) -> list[dict[str, object]]:
     return [line for line in lines if line["type"] != "header"]
 
 
-async def test_export_then_import_reproduces_every_field(tmp_path: Path, project: Path) -> None:
-    async with MemoryService.open(
-        Settings(), database=tmp_path / "a.db", embedder=FakeEmbedder()
-    ) as a:
+async def test_export_then_import_reproduces_every_field(
+    tmp_path: Path, storage_url: str, project: Path
+) -> None:
+    settings, database = store_place(tmp_path, storage_url, "a")
+    async with MemoryService.open(settings, database=database, embedder=FakeEmbedder()) as a:
         await fill(a, project)
         original = await dump(a)
         text = io.StringIO()
@@ -56,9 +57,8 @@ async def test_export_then_import_reproduces_every_field(tmp_path: Path, project
     assert any(line.get("replaced_by") for line in original)
     assert any(line.get("merged_from") for line in original)
 
-    async with MemoryService.open(
-        Settings(), database=tmp_path / "b.db", embedder=FakeEmbedder()
-    ) as b:
+    settings, database = store_place(tmp_path, storage_url, "b")
+    async with MemoryService.open(settings, database=database, embedder=FakeEmbedder()) as b:
         written: list[tuple[int, int]] = []
         embedded: list[tuple[int, int]] = []
         summary = await import_jsonl(

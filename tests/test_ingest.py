@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers.storage import store_place
 from memory_mcp.chunking import CHUNK_CHARS, chunk_markdown, chunk_text
-from memory_mcp.config import Settings
 from memory_mcp.errors import InvalidInput, NotFound
 from memory_mcp.ingest import (
     CHANGED_REASON,
@@ -424,11 +424,11 @@ async def test_a_symlinked_root_path_is_resolved_for_containment(
 
 @pytest.mark.anyio
 async def test_on_the_lexical_floor_chunks_are_stored_without_vectors(
-    tmp_path: Path, docs: Path, project: Path
+    tmp_path: Path, storage_url: str, docs: Path, project: Path
 ) -> None:
-    settings = Settings()
+    settings, database = store_place(tmp_path, storage_url, "floor")
     settings.embedder.backend = "bm25"
-    async with MemoryService.open(settings, database=tmp_path / "floor.db") as memory:
+    async with MemoryService.open(settings, database=database) as memory:
         summary = await ingest(memory.engine, docs)
         assert summary.changed == 3 and summary.chunks_added == 6
         assert not summary.embedded

@@ -261,10 +261,10 @@ def stand_in(tmp_path: Path, name: str, prompt: Path) -> dict[str, str]:
     script = bin_dir / name
     script.write_text(STAND_IN.format(python=sys.executable, prompt=prompt))
     script.chmod(0o755)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMORY_MCP_")}
+    store = ("MEMORY_MCP_DATA_DIR", "MEMORY_MCP_STORAGE_URL")  # where this test's store is
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMORY_MCP_") or k in store}
     env.update(
         PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-        MEMORY_MCP_DATA_DIR=os.environ["MEMORY_MCP_DATA_DIR"],
         STAND_IN_RECORD=str(tmp_path / "record.txt"),
     )
     return env

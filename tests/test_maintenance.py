@@ -20,7 +20,7 @@ import anyio
 import pytest
 
 from helpers.processes import Workers, release
-from helpers.storage import database_in
+from helpers.storage import store_place, store_url
 from helpers.waiting import eventually
 from memory_mcp import maintenance
 from memory_mcp.config import Settings, WriteSettings
@@ -33,7 +33,6 @@ from memory_mcp.records import Record, format_time, parse_time
 from memory_mcp.scope import project_scope
 from memory_mcp.service import MemoryService
 from memory_mcp.storage.base import Filters, TaskState
-from memory_mcp.storage.sqlite.doctor import diagnose
 from memory_mcp.write import absorb, prepare
 
 pytestmark = pytest.mark.anyio
@@ -63,9 +62,10 @@ def clock() -> Clock:
 async def memory(
     tmp_path: Path, settings: Settings, clock: Clock, storage_url: str
 ) -> AsyncIterator[MemoryService]:
+    settings, database = store_place(tmp_path, storage_url, settings=settings)
     async with MemoryService.open(
         settings,
-        database=database_in(tmp_path, storage_url),
+        database=database,
         embedder=FakeEmbedder(),
         clock=clock,
         wait_for_embedder=10,
@@ -211,12 +211,12 @@ async def test_staleness_archives_unused_facts_of_dormant_projects_only(
 
 
 async def test_staleness_is_off_with_a_negative_dormant_days(
-    tmp_path: Path, project: Path, clock: Clock
+    tmp_path: Path, storage_url: str, project: Path, clock: Clock
 ) -> None:
-    settings = Settings()
+    settings, database = store_place(tmp_path, storage_url, "m")
     settings.maintenance.dormant_days = -1
     async with MemoryService.open(
-        settings, database=tmp_path / "m.db", embedder=FakeEmbedder(), clock=clock
+        settings, database=database, embedder=FakeEmbedder(), clock=clock
     ) as memory:
         await memory.store("The staging database is called pigeon_stage", cwd=project)
         clock.advance(days=400)
@@ -541,17 +541,17 @@ async def test_a_failing_llm_leaves_the_fold_as_it_was(
 
 
 async def test_rows_converge_to_a_new_embedder_without_a_command(
-    tmp_path: Path, project: Path
+    tmp_path: Path, storage_url: str, project: Path
 ) -> None:
-    database = tmp_path / "m.db"
+    settings, database = store_place(tmp_path, storage_url, "m")
     async with MemoryService.open(
-        Settings(), database=database, embedder=FakeEmbedder(name="fake:old"), wait_for_embedder=10
+        settings, database=database, embedder=FakeEmbedder(name="fake:old"), wait_for_embedder=10
     ) as memory:
         stored = [
             await memory.store(f"Fact number {i} about the {word} module", cwd=project)
             for i, word in enumerate(["billing", "search", "auth"])
         ]
-    settings = Settings()
+    settings, database = store_place(tmp_path, storage_url, "m")
     settings.embedder.backend = "fastembed"  # an explicit choice switches the embedder
     async with MemoryService.open(
         settings, database=database, embedder=FakeEmbedder(name="fake:new"), wait_for_embedder=10
@@ -580,11 +580,11 @@ WRITER = Path(__file__).with_name("concurrency_worker.py")
 
 
 async def test_two_processes_never_run_the_sweep_at_once_and_writers_see_no_error(
-    tmp_path: Path, project: Path, workers: Workers
+    tmp_path: Path, storage_url: str, project: Path, workers: Workers
 ) -> None:
-    database = tmp_path / "shared.db"
+    settings, database = store_place(tmp_path, storage_url, "shared")
     async with MemoryService.open(
-        Settings(), database=database, embedder=FakeEmbedder(), wait_for_embedder=10
+        settings, database=database, embedder=FakeEmbedder(), wait_for_embedder=10
     ) as memory:
         pairs = []
         for i in range(6):
@@ -608,7 +608,8 @@ async def test_two_processes_never_run_the_sweep_at_once_and_writers_see_no_erro
         "print(sys.stdin.read().splitlines()[-1][2:])\n"
     )
     llm = f"{sys.executable} {slow}"
-    sweepers = [workers.start(WORKER, database, 4, llm) for _ in range(2)]
+    url = store_url(tmp_path, storage_url, "shared")
+    sweepers = [workers.start(WORKER, url, 4, llm) for _ in range(2)]
     texts = [
         "The billing job runs nightly at 02:00 UTC",
         "Search indexes are rebuilt by make reindex",
@@ -621,7 +622,7 @@ async def test_two_processes_never_run_the_sweep_at_once_and_writers_see_no_erro
         "Payments use the Stripe test keys in staging",
         "Images are resized by a Lambda on upload",
     ]
-    writer = workers.start(WRITER, database, project, *texts)
+    writer = workers.start(WRITER, url, project, *texts)
     release(*sweepers, writer)
     attempts = [p.result(timeout=120) for p in sweepers]
     written = writer.result(timeout=120)
@@ -641,7 +642,7 @@ async def test_two_processes_never_run_the_sweep_at_once_and_writers_see_no_erro
     folded = sum(a["report"]["counts"].get("folded", 0) for runs in attempts for a in runs)
     assert folded == len(pairs)
     async with MemoryService.open(
-        Settings(), database=database, embedder=FakeEmbedder(), wait_for_embedder=10
+        settings, database=database, embedder=FakeEmbedder(), wait_for_embedder=10
     ) as memory:
         for old, new in pairs:
             record = await memory.get(new.id)
@@ -659,7 +660,7 @@ TOPICS = [
 
 
 async def test_six_months_of_use_dry_runs_match_and_everything_is_reversible(
-    tmp_path: Path, clock: Clock
+    tmp_path: Path, storage_url: str, clock: Clock
 ) -> None:
     roots = {}
     for name in ("active", "paused", "finished"):
@@ -669,8 +670,9 @@ async def test_six_months_of_use_dry_runs_match_and_everything_is_reversible(
     before_archive: dict[str, dict[str, Any]] = {}  # as each was before maintenance archived it
     archived_by: dict[str, str] = {}  # record id -> reason, as maintenance archived it
     totals: Counter[str] = Counter()
+    settings, database = store_place(tmp_path, storage_url, "sim")
     async with MemoryService.open(
-        Settings(), database=tmp_path / "sim.db", embedder=FakeEmbedder(), clock=clock
+        settings, database=database, embedder=FakeEmbedder(), clock=clock
     ) as memory:
         for day in range(180):
             for name, root in roots.items():
@@ -892,7 +894,7 @@ async def test_the_secrets_task_redacts_what_was_stored_before_its_rules(
     # made from the secret's text are gone, and made again.
     assert await found_by_words(memory, project, "s3cr3tP4ss") == []
     assert records["holder"].id in await found_by_words(memory, project, "cache redis")
-    assert (await diagnose(memory.engine.store)).healthy
+    assert (await memory.doctor()).healthy
     assert await memory.engine.store.count_needing_embedding(identity) == 2  # current and holder
     # No secret in what the run reports or records.
     state = (await memory.engine.store.tasks())["secrets"]

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers.storage import store_place
 from memory_mcp.config import Settings, replaced
 from memory_mcp.embedders.base import FakeEmbedder
 from memory_mcp.service import MemoryService, StoreRequest
@@ -22,11 +23,14 @@ REPLY = "Melanie: Yes, twice! The second time my sister came along."
 QUERY = "pottery workshop Lisbon"
 
 
-async def _open(tmp_path: Path, name: str, **search: float) -> AsyncIterator[MemoryService]:
+async def _open(
+    tmp_path: Path, storage_url: str, name: str, **search: float
+) -> AsyncIterator[MemoryService]:
     base = Settings()
     settings = replaced(base, search=replaced(base.search, **search)) if search else base
+    settings, database = store_place(tmp_path, storage_url, name, settings)
     async with MemoryService.open(
-        settings, database=tmp_path / f"{name}.db", embedder=FakeEmbedder(), wait_for_embedder=10
+        settings, database=database, embedder=FakeEmbedder(), wait_for_embedder=10
     ) as service:
         yield service
 
@@ -50,11 +54,11 @@ async def _conversation(memory: MemoryService, project: Path) -> dict[str, str]:
 
 
 async def test_a_reply_ranks_by_the_question_it_answers_and_is_no_hit_for_that_alone(
-    tmp_path: Path, project: Path
+    tmp_path: Path, storage_url: str, project: Path
 ) -> None:
     orders = {}
     for name, minutes in (("on", 30), ("off", 0)):
-        async for memory in _open(tmp_path, name, context_minutes=minutes):
+        async for memory in _open(tmp_path, storage_url, name, context_minutes=minutes):
             ids = await _conversation(memory, project)
             ranking = await memory.search(QUERY, cwd=project, min_relevance=0.0)
             found = [h.record.id for h in ranking.hits]
@@ -115,7 +119,7 @@ async def test_neighbours_in_time_stay_in_their_project_and_skip_what_is_gone(
 
 
 async def test_feedback_reorders_the_relevant_hits_and_admits_none(
-    tmp_path: Path, project: Path
+    tmp_path: Path, storage_url: str, project: Path
 ) -> None:
     texts = [
         "Deploy the billing service with helm from the release branch",
@@ -126,7 +130,9 @@ async def test_feedback_reorders_the_relevant_hits_and_admits_none(
     query = "deploy billing service helm"
     orders = {}
     for name, weight in (("with", 0.7), ("without", 0.0)):
-        async for memory in _open(tmp_path, name, feedback_weight=weight, context_minutes=0):
+        async for memory in _open(
+            tmp_path, storage_url, name, feedback_weight=weight, context_minutes=0
+        ):
             stored = await memory.store_valid(
                 [
                     StoreRequest(t, cwd=project, created_at=T0 - timedelta(days=i))

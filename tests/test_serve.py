@@ -113,6 +113,7 @@ def store(process: subprocess.Popen[bytes], request_id: int, content: str) -> di
         ("stdin", ("-v",)),
     ],
 )
+@pytest.mark.sqlite_only  # checks the SQLite file's integrity
 def test_stdio_shuts_down_cleanly(
     env: dict[str, str], project: Path, tmp_path: Path, how: str, args: tuple[str, ...]
 ) -> None:
@@ -284,13 +285,14 @@ def test_http_stops_cleanly_on_a_signal(
 
 
 async def test_the_server_runs_maintenance_by_itself(env: dict[str, str], project: Path) -> None:
+    from memory_mcp.config import load_settings
     from memory_mcp.maintenance import TASKS
-    from memory_mcp.storage.sqlite import SqliteStore
+    from memory_mcp.storage.factory import open_store
 
     env = {**env, "MEMORY_MCP_EMBEDDER_BACKEND": "bm25"}
     async with stdio(env, project, "claude-code", mode="legacy") as c:
         await call(c, "memory_store", content="Releases are tagged vX.Y.Z", cwd=str(project))
-        store = await SqliteStore.open(Path(env["MEMORY_MCP_DATA_DIR"]) / "memory.db")
+        store = await open_store(load_settings(env=env).settings)  # the server's store
         try:
 
             async def all_finished() -> dict[str, Any] | None:

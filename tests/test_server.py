@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from mcp_types import CallToolResult, ListRootsResult, Root
 
+from helpers.storage import store_place
 from helpers.tools import call, in_process
-from memory_mcp.config import Settings
 from memory_mcp.embedders.base import FakeEmbedder
 from memory_mcp.errors import InvalidInput, StorageError
 from memory_mcp.ingest import ingest
@@ -582,12 +582,13 @@ class SlowToLoad(FakeEmbedder):
 
 
 async def test_the_first_store_and_search_wait_for_the_model_that_is_loading(
-    tmp_path: Path, project: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, storage_url: str, project: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A session's first calls arrive before the model has loaded: they wait for it."""
     slow = SlowToLoad()
+    settings, database = store_place(tmp_path, storage_url, "slow")
     async with (
-        MemoryService.open(Settings(), database=tmp_path / "slow.db", embedder=slow) as memory,
+        MemoryService.open(settings, database=database, embedder=slow) as memory,
         in_process(memory) as c,
     ):
         waited = memory.engine.embeddings.wait_settled
@@ -605,13 +606,13 @@ async def test_the_first_store_and_search_wait_for_the_model_that_is_loading(
 
 
 async def test_tools_answer_lexically_once_the_wait_for_the_model_runs_out(
-    tmp_path: Path, project: Path
+    tmp_path: Path, storage_url: str, project: Path
 ) -> None:
     slow = SlowToLoad()
-    settings = Settings()
+    settings, database = store_place(tmp_path, storage_url, "slow")
     settings.embedder.load_wait_seconds = 0.05
     async with (
-        MemoryService.open(settings, database=tmp_path / "slow.db", embedder=slow) as memory,
+        MemoryService.open(settings, database=database, embedder=slow) as memory,
         in_process(memory) as c,
     ):
         tools = await c.list_tools()

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.storage import store_place
 from memory_mcp.config import Settings
 from memory_mcp.embedders.base import FakeEmbedder
 from memory_mcp.errors import InvalidInput, NotFound, SecretRejected
@@ -181,13 +182,11 @@ async def test_secrets_are_redacted_by_default_and_reported(
 
 
 async def test_the_reject_policy_refuses_secrets_without_echoing_them(
-    tmp_path: Path, project: Path
+    tmp_path: Path, storage_url: str, project: Path
 ) -> None:
-    settings = Settings()
+    settings, database = store_place(tmp_path, storage_url, "r")
     settings.write.secrets = "reject"
-    async with MemoryService.open(
-        settings, database=tmp_path / "r.db", embedder=FakeEmbedder()
-    ) as memory:
+    async with MemoryService.open(settings, database=database, embedder=FakeEmbedder()) as memory:
         with pytest.raises(SecretRejected) as raised:
             await memory.store("password = hunter2hunter2", cwd=project)
         assert "hunter2" not in str(raised.value)
@@ -305,6 +304,7 @@ def memory_filters(project: Path) -> Filters:
     return Filters(scope_keys=(str(project.resolve()),), corpora=("facts",))
 
 
+@pytest.mark.sqlite_only  # the SQLite store's in-memory copy of the vectors
 async def test_a_server_loads_its_projects_vectors_ahead_of_use(
     tmp_path: Path, settings: Settings, project: Path
 ) -> None:

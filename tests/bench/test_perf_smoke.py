@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.storage import store_place
 from memory_mcp.bench.perf import generate, kept_fill, run_perf
 from memory_mcp.config import Settings
 from memory_mcp.embedders.base import FakeEmbedder
@@ -24,6 +25,7 @@ def test_the_generator_is_seeded_varied_and_has_near_duplicates() -> None:
     assert sum(text.endswith("(again).") for _, text, _ in first) >= 5
 
 
+@pytest.mark.sqlite_only  # bench perf measures the SQLite files it makes
 async def test_a_tiny_perf_run_reports_every_figure() -> None:
     report = await run_perf([30], Settings(), samples=5, embedder=FakeEmbedder())
     (point,) = report.points
@@ -44,6 +46,7 @@ async def test_a_tiny_perf_run_reports_every_figure() -> None:
     assert report.to_json()["points"][0]["embedder"] == "fake:hash-256"
 
 
+@pytest.mark.sqlite_only  # bench perf keeps its SQLite files in the folder
 async def test_a_kept_store_is_measured_again_without_refilling(tmp_path: Path) -> None:
     first = await run_perf([30], Settings(), samples=5, embedder=FakeEmbedder(), keep=tmp_path)
     again = await run_perf([30], Settings(), samples=5, embedder=FakeEmbedder(), keep=tmp_path)
@@ -71,6 +74,7 @@ def test_a_folder_without_a_finished_store_is_refused(tmp_path: Path) -> None:
         kept_fill(tmp_path / "30")
 
 
+@pytest.mark.sqlite_only  # bench perf keeps its SQLite files in the folder
 async def test_a_fill_stopped_while_embedding_resumes(tmp_path: Path) -> None:
     class Stop(Exception):
         pass
@@ -97,15 +101,16 @@ async def test_a_fill_stopped_while_embedding_resumes(tmp_path: Path) -> None:
     assert await _stats(tmp_path / "200" / "memory.db") == 200 + 3 * 20 + 5 + 5
 
 
-async def test_a_fill_stopped_while_writing_cannot_resume(tmp_path: Path) -> None:
+async def test_a_fill_stopped_while_writing_cannot_resume(tmp_path: Path, storage_url: str) -> None:
     from memory_mcp.bench.perf import Fill, FillInterrupted, fill
     from memory_mcp.service import MemoryService
 
     root = tmp_path / "project"
     for folder in (root, tmp_path / "other-0"):
         (folder / ".git").mkdir(parents=True)
+    settings, database = store_place(tmp_path, storage_url, "m")
     async with MemoryService.open(
-        Settings(), database=tmp_path / "m.db", embedder=FakeEmbedder(), wait_for_embedder=10
+        settings, database=database, embedder=FakeEmbedder(), wait_for_embedder=10
     ) as memory:
         await memory.store("half of an import", cwd=tmp_path / "other-0")
         with pytest.raises(FillInterrupted, match="remove the folder"):

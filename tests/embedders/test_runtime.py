@@ -9,8 +9,9 @@ from pathlib import Path
 import anyio
 import pytest
 
+from helpers.storage import store_place
 from helpers.waiting import eventually
-from memory_mcp.config import EmbedderSettings, Settings
+from memory_mcp.config import EmbedderSettings
 from memory_mcp.embedders.base import FakeEmbedder, Matrix
 from memory_mcp.embedders.runtime import Embeddings
 from memory_mcp.errors import EmbedderError, ModelNotLocal
@@ -37,11 +38,13 @@ class Unavailable(FakeEmbedder):
         return super().embed(texts)
 
 
-async def open_with(tmp_path: Path, embedder: FakeEmbedder, backend: str = "auto") -> MemoryService:
-    settings = Settings()
+async def open_with(
+    tmp_path: Path, storage_url: str, embedder: FakeEmbedder, backend: str = "auto"
+) -> MemoryService:
+    settings, database = store_place(tmp_path, storage_url, "m")
     settings.embedder.backend = backend  # type: ignore[assignment]
     context = MemoryService.open(
-        settings, database=tmp_path / "m.db", embedder=embedder, wait_for_embedder=10
+        settings, database=database, embedder=embedder, wait_for_embedder=10
     )
     service = await context.__aenter__()
     service._context = context  # type: ignore[attr-defined]
@@ -53,9 +56,9 @@ async def close(service: MemoryService) -> None:
 
 
 async def test_no_model_means_the_bm25_floor_and_status_says_so(
-    tmp_path: Path, project: Path
+    tmp_path: Path, storage_url: str, project: Path
 ) -> None:
-    memory = await open_with(tmp_path, Unavailable("fastembed:missing"))
+    memory = await open_with(tmp_path, storage_url, Unavailable("fastembed:missing"))
     try:
         status = memory.engine.embeddings.status()
         assert status.effective == "bm25" and status.degraded and "unreachable" in status.reason
@@ -69,14 +72,14 @@ async def test_no_model_means_the_bm25_floor_and_status_says_so(
 
 
 async def test_a_dense_store_keeps_its_embedder_identity_while_it_is_unreachable(
-    tmp_path: Path, project: Path
+    tmp_path: Path, storage_url: str, project: Path
 ) -> None:
-    memory = await open_with(tmp_path, FakeEmbedder(name="fake:a"))
+    memory = await open_with(tmp_path, storage_url, FakeEmbedder(name="fake:a"))
     stored = await memory.store("Staging runs on Fly.io", cwd=project)
     await close(memory)
 
     # The configured auto embedder is now another one: upgrade-only keeps fake:a.
-    memory = await open_with(tmp_path, FakeEmbedder(name="fake:b"))
+    memory = await open_with(tmp_path, storage_url, FakeEmbedder(name="fake:b"))
     try:
         status = memory.engine.embeddings.status()
         assert status.identity == "fake:a" and status.degraded
@@ -89,14 +92,14 @@ async def test_a_dense_store_keeps_its_embedder_identity_while_it_is_unreachable
 
 
 async def test_an_unreachable_embedder_resumes_when_it_returns(
-    tmp_path: Path, project: Path
+    tmp_path: Path, storage_url: str, project: Path
 ) -> None:
-    memory = await open_with(tmp_path, FakeEmbedder(name="fake:a"))
+    memory = await open_with(tmp_path, storage_url, FakeEmbedder(name="fake:a"))
     await memory.store("Staging runs on Fly.io", cwd=project)
     await close(memory)
 
     flaky = Unavailable("fake:a")
-    memory = await open_with(tmp_path, flaky)
+    memory = await open_with(tmp_path, storage_url, flaky)
     try:
         assert memory.engine.embeddings.status().identity == "fake:a"
         assert memory.engine.embeddings.status().state == "unavailable"
@@ -121,14 +124,16 @@ async def test_an_unreachable_embedder_resumes_when_it_returns(
 
 
 async def test_an_explicit_backend_switches_and_reembed_converges(
-    tmp_path: Path, project: Path
+    tmp_path: Path, storage_url: str, project: Path
 ) -> None:
-    memory = await open_with(tmp_path, FakeEmbedder(name="fake:a"))
+    memory = await open_with(tmp_path, storage_url, FakeEmbedder(name="fake:a"))
     for i in range(5):
         await memory.store(f"Service {i} listens on port {8000 + i}", cwd=project)
     await close(memory)
 
-    memory = await open_with(tmp_path, FakeEmbedder(name="fake:b", dim=64), backend="fastembed")
+    memory = await open_with(
+        tmp_path, storage_url, FakeEmbedder(name="fake:b", dim=64), backend="fastembed"
+    )
     try:
         assert memory.engine.embeddings.identity == "fake:b"
         assert (await memory.status()).awaiting_embedding == 5
@@ -143,8 +148,8 @@ async def test_an_explicit_backend_switches_and_reembed_converges(
         await close(memory)
 
 
-async def test_reembed_without_an_embedder_says_why(tmp_path: Path) -> None:
-    memory = await open_with(tmp_path, Unavailable("fake:down"))
+async def test_reembed_without_an_embedder_says_why(tmp_path: Path, storage_url: str) -> None:
+    memory = await open_with(tmp_path, storage_url, Unavailable("fake:down"))
     try:
         with pytest.raises(EmbedderError, match="no embedder is ready"):
             await memory.reembed()
@@ -193,10 +198,12 @@ async def test_work_that_needs_vectors_can_wait_for_the_download() -> None:
     assert embeddings.status().effective == "fastembed:downloadable"
 
 
-async def test_bm25_backend_uses_no_vectors(tmp_path: Path, project: Path) -> None:
-    settings = Settings()
+async def test_bm25_backend_uses_no_vectors(
+    tmp_path: Path, storage_url: str, project: Path
+) -> None:
+    settings, database = store_place(tmp_path, storage_url, "m")
     settings.embedder.backend = "bm25"
-    async with MemoryService.open(settings, database=tmp_path / "m.db") as memory:
+    async with MemoryService.open(settings, database=database) as memory:
         status = memory.engine.embeddings.status()
         assert status.effective == "bm25" and not status.degraded and status.state == "off"
         stored = await memory.store("Lint with ruff", cwd=project)

@@ -18,7 +18,7 @@ from memory_mcp.service import MemoryService
 from memory_mcp.storage.sqlite import SqliteStore
 from memory_mcp.storage.sqlite.doctor import diagnose
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.sqlite_only]  # the file after kill -9
 
 ROUNDS = 8
 WORKER = Path(__file__).with_name("worker.py")
@@ -34,7 +34,7 @@ def integrity(database: Path) -> list[str]:
 
 def crash_round(workers: Workers, database: Path, project: Path, rng: random.Random) -> list[str]:
     """Let a writer acknowledge a few writes, then kill -9 it mid-write; its acks."""
-    proc = workers.start(WORKER, "crash", database, project)
+    proc = workers.start(WORKER, "crash", f"sqlite://{database}", project)
     release(proc)
     acked = [proc.line().strip() for _ in range(rng.randint(3, 30))]
     time.sleep(rng.random() * 0.02)  # land somewhere inside the next write

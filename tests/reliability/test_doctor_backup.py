@@ -17,7 +17,7 @@ from memory_mcp.storage.sqlite import SqliteStore
 from memory_mcp.storage.sqlite.doctor import backup, diagnose
 from memory_mcp.storage.sqlite.vectors import rowids_of
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.sqlite_only]  # SQLite's doctor and backup
 
 WRITER = Path(__file__).parents[1] / "concurrency_worker.py"  # a second agent's server
 
@@ -100,7 +100,7 @@ async def test_a_backup_taken_while_another_process_writes_is_consistent(
         for i in range(20):
             await memory.store(f"Fact {i}: service {i} listens on port {8000 + i}", cwd=project)
         notes = [f"Note {i}: module m{i} is owned by team t{i}" for i in range(40)]
-        writer = workers.start(WRITER, database, project, *notes)
+        writer = workers.start(WRITER, f"sqlite://{database}", project, *notes)
         release(writer)
         copy = await backup(memory.engine.store, tmp_path)
         _, err = writer.finish(timeout=120)

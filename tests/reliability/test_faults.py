@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from memory_mcp.config import Settings
+from helpers.storage import store_place
 from memory_mcp.errors import StorageError
 from memory_mcp.service import MemoryService, StoreRequest
 from memory_mcp.storage.sqlite.doctor import diagnose
@@ -21,6 +21,7 @@ async def limit_pages(memory: MemoryService, extra: int) -> None:
         await conn.execute(f"PRAGMA max_page_count = {int(pages) + extra}")
 
 
+@pytest.mark.sqlite_only  # SQLite's page limit plays the full disk
 async def test_a_full_disk_gives_a_clear_error_and_loses_nothing(
     memory: MemoryService, project: Path
 ) -> None:
@@ -39,6 +40,7 @@ async def test_a_full_disk_gives_a_clear_error_and_loses_nothing(
     assert after.action == "inserted"
 
 
+@pytest.mark.sqlite_only  # SQLite's query_only plays the read-only file
 async def test_a_read_only_store_refuses_writes_clearly_and_still_answers(
     memory: MemoryService, project: Path
 ) -> None:
@@ -52,19 +54,17 @@ async def test_a_read_only_store_refuses_writes_clearly_and_still_answers(
 
 @pytest.mark.parametrize("state", ["broken", "missing"])
 async def test_a_broken_or_missing_model_folder_falls_back_to_the_lexical_floor(
-    tmp_path: Path, project: Path, state: str
+    tmp_path: Path, storage_url: str, project: Path, state: str
 ) -> None:
     broken = tmp_path / "model"
     if state == "broken":
         broken.mkdir()
         (broken / "model.onnx").write_bytes(b"this is not an ONNX file")
         (broken / "tokenizer.json").write_text("{")
-    settings = Settings()
+    settings, database = store_place(tmp_path, storage_url, "m")
     settings.embedder.model_path = str(broken)
     settings.embedder.download = False
-    async with MemoryService.open(
-        settings, database=tmp_path / "m.db", wait_for_embedder=30
-    ) as memory:
+    async with MemoryService.open(settings, database=database, wait_for_embedder=30) as memory:
         stored = await memory.store("Deploys go through GitHub Actions", cwd=project)
         assert stored.action == "inserted" and not stored.embedded
         result = await memory.search("deploys github", cwd=project)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import sqlite3
@@ -12,6 +11,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -158,6 +158,7 @@ def check_answer(
     return tool == "memory_store"
 
 
+@pytest.mark.sqlite_only  # reads the records from the file
 def test_every_tool_answers_hostile_arguments_without_crashing(tmp_path: Path) -> None:
     database = tmp_path / "memory.db"
     shutil.rmtree(REPO, ignore_errors=True)
@@ -205,6 +206,7 @@ def test_every_tool_answers_hostile_arguments_without_crashing(tmp_path: Path) -
 
 @settings(max_examples=EXAMPLES * 2, deadline=None, database=None, derandomize=True)
 @given(query=hostile_text)
+@pytest.mark.sqlite_only  # SQLite's FTS5
 def test_search_strings_never_reach_fts5_as_syntax(query: str) -> None:
     from memory_mcp.storage.sqlite import fts_query
 
@@ -222,6 +224,7 @@ def test_search_strings_never_reach_fts5_as_syntax(query: str) -> None:
 ENGINE_CALLS = ["store", "search", "project_search", "unified_search", "forget", "brief"]
 
 
+@pytest.mark.sqlite_only  # reads the records from the file
 def test_the_engine_answers_hostile_text_with_its_own_errors(tmp_path: Path) -> None:
     """What the CLI and a JSON client can pass, lone surrogates included."""
     from memory_mcp.brief import build_brief
@@ -288,15 +291,11 @@ def test_a_word_of_a_million_letters_stems_without_recursion() -> None:
     assert stem("syzygy") == "syzygi" and stem("player") == "player"
 
 
-def test_a_lone_surrogate_over_stdio_gets_an_answer(tmp_path: Path) -> None:
+def test_a_lone_surrogate_over_stdio_gets_an_answer(tmp_path: Path, env: dict[str, str]) -> None:
     """JSON can escape one (\\ud800); the SDK's parser dropped such a call unanswered."""
     from helpers.serving import handshake, raw_server, receive, send
 
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("MEMORY_MCP_")},
-        "MEMORY_MCP_DATA_DIR": str(tmp_path / "data"),
-        "MEMORY_MCP_EMBEDDER_BACKEND": "bm25",
-    }
+    env = {**env, "MEMORY_MCP_EMBEDDER_BACKEND": "bm25"}
     repo = tmp_path / "repo"
     (repo / ".git").mkdir(parents=True)
     with raw_server(env, repo) as process:

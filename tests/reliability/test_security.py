@@ -53,6 +53,7 @@ async def test_a_write_is_global_only_when_asked(memory: MemoryService, project:
     assert (plain.scope, asked.scope) == ("project", "global")
 
 
+@pytest.mark.sqlite_only  # the modes of the SQLite files
 async def test_the_store_is_owner_only_whatever_the_umask(tmp_path: Path) -> None:
     old = os.umask(0)
     try:

@@ -10,10 +10,10 @@ import pytest
 from worker import SHARED
 
 from helpers.processes import Workers, release
+from helpers.storage import store_place, store_url
 from memory_mcp.config import Settings
 from memory_mcp.embedders.base import FakeEmbedder
 from memory_mcp.service import MemoryService
-from memory_mcp.storage.sqlite.doctor import diagnose
 
 pytestmark = pytest.mark.anyio
 
@@ -27,14 +27,14 @@ def p95(values: list[float]) -> float:
 
 
 async def test_eight_processes_lose_nothing_and_fold_shared_facts_once(
-    tmp_path: Path, project: Path, workers: Workers
+    tmp_path: Path, storage_url: str, project: Path, workers: Workers
 ) -> None:
-    database = tmp_path / "memory.db"
-    async with MemoryService.open(Settings(), database=database, embedder=FakeEmbedder()):
+    settings, database = store_place(tmp_path, storage_url)
+    async with MemoryService.open(settings, database=database, embedder=FakeEmbedder()):
         pass
+    url = store_url(tmp_path, storage_url)
     procs = [
-        workers.start(WORKER, "soak", database, project, SECONDS, f"agent{i}")
-        for i in range(PROCESSES)
+        workers.start(WORKER, "soak", url, project, SECONDS, f"agent{i}") for i in range(PROCESSES)
     ]
     release(*procs)
     results = []
@@ -58,7 +58,7 @@ async def test_eight_processes_lose_nothing_and_fold_shared_facts_once(
     assert max(store_ms) < Settings().storage.busy_timeout_ms  # nobody waited out the lock
 
     async with MemoryService.open(
-        Settings(), database=database, embedder=FakeEmbedder(), wait_for_embedder=10
+        settings, database=database, embedder=FakeEmbedder(), wait_for_embedder=10
     ) as memory:
         records = {r.id: r async for r in memory.engine.store.iter_records()}
         assert set(acked) <= set(records), "an acknowledged write is missing"
@@ -69,4 +69,4 @@ async def test_eight_processes_lose_nothing_and_fold_shared_facts_once(
             held = {m.id for m in canonical[0].merged_from} | {canonical[0].id}
             stored = {i for i in acked if records[i].content in wordings}
             assert stored <= held  # every write of it is the canonical or folded into it
-        assert (await diagnose(memory.engine.store)).healthy
+        assert (await memory.doctor()).healthy

@@ -22,6 +22,7 @@ import anyio
 import pytest
 from typer.testing import CliRunner
 
+from helpers.storage import store_place
 from helpers.tools import in_process
 from memory_mcp.brief import build_brief
 from memory_mcp.cli.app import app
@@ -41,9 +42,10 @@ STORED_BEFORE = [  # what 141321e's rules stored
 SECRETS = (AWS_SECRET, REDIS_PASSWORD)
 
 
-async def plant(database: Path, project: Path, *, embedder: bool = True) -> None:
+async def plant(
+    settings: Settings, database: Path | None, project: Path, *, embedder: bool = True
+) -> None:
     """Store the texts as the previous rules left them (this build with the scan off)."""
-    settings = Settings()
     settings.write.secrets = "off"
     if not embedder:
         settings.embedder.backend = "bm25"
@@ -60,11 +62,10 @@ def leaks(text: str) -> list[str]:
 
 
 @pytest.fixture
-async def memory(tmp_path: Path, project: Path) -> AsyncIterator[MemoryService]:
-    await plant(tmp_path / "memory.db", project)
-    async with MemoryService.open(
-        Settings(), database=tmp_path / "memory.db", embedder=FakeEmbedder()
-    ) as service:
+async def memory(tmp_path: Path, storage_url: str, project: Path) -> AsyncIterator[MemoryService]:
+    await plant(*store_place(tmp_path, storage_url), project)
+    settings, database = store_place(tmp_path, storage_url)
+    async with MemoryService.open(settings, database=database, embedder=FakeEmbedder()) as service:
         yield service
 
 
@@ -120,27 +121,26 @@ async def test_the_mcp_tools_show_them_redacted(memory: MemoryService, project: 
 
 
 async def test_an_old_export_is_redacted_on_import(
-    memory: MemoryService, tmp_path: Path, project: Path
+    memory: MemoryService, tmp_path: Path, storage_url: str, project: Path
 ) -> None:
     exported = io.StringIO()
     await export_jsonl(memory.engine, exported)
     assert leaks(exported.getvalue()) == list(SECRETS)  # a backup is lossless
-    async with MemoryService.open(
-        Settings(), database=tmp_path / "other.db", embedder=FakeEmbedder()
-    ) as other:
+    settings, database = store_place(tmp_path, storage_url, "other")
+    async with MemoryService.open(settings, database=database, embedder=FakeEmbedder()) as other:
         summary = await import_jsonl(other.engine, exported.getvalue().splitlines())
         assert summary.records_added == 3
         stored = [record.content async for record in other.engine.store.iter_records()]
     assert not leaks("\n".join(stored)) and "REDIS_URL" in "\n".join(stored)
 
 
-async def test_with_the_scan_off_they_are_shown_as_stored(tmp_path: Path, project: Path) -> None:
-    await plant(tmp_path / "memory.db", project)
-    settings = Settings()
+async def test_with_the_scan_off_they_are_shown_as_stored(
+    tmp_path: Path, storage_url: str, project: Path
+) -> None:
+    await plant(*store_place(tmp_path, storage_url), project)
+    settings, database = store_place(tmp_path, storage_url)
     settings.write.secrets = "off"
-    async with MemoryService.open(
-        settings, database=tmp_path / "memory.db", embedder=FakeEmbedder()
-    ) as memory:
+    async with MemoryService.open(settings, database=database, embedder=FakeEmbedder()) as memory:
         found = await memory.search("AWS creds for staging", cwd=project)
         brief = await build_brief(memory.engine, project)
     assert AWS_SECRET in found.hits[0].record.content
@@ -165,8 +165,8 @@ def run(*args: str, cwd: Path) -> tuple[int, str]:
 @pytest.fixture
 def cli_store(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MEMORY_MCP_EMBEDDER_BACKEND", "bm25")
-    database = load_settings(project_root=project).settings.database_path()
-    anyio.run(partial(plant, database, project, embedder=False))
+    settings = load_settings(project_root=project).settings  # the store the CLI uses
+    anyio.run(partial(plant, settings, None, project, embedder=False))
 
 
 @pytest.mark.usefixtures("cli_store")

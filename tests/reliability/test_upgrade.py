@@ -20,7 +20,7 @@ from memory_mcp.storage.sqlite import SqliteStore
 from memory_mcp.storage.sqlite.doctor import diagnose
 from memory_mcp.storage.sqlite.migrations import MIGRATIONS
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.sqlite_only]  # a stored SQLite file migrates
 
 FIXTURES = Path(__file__).with_name("fixtures")
 EMBEDDER = FakeEmbedder(dim=32, name="fake:hash-32")  # what made the fixture's vectors

@@ -1,7 +1,7 @@
 """A separate process for the reliability tests: a server's writes, searches, a migration.
 
-Usage: python worker.py MODE DB CWD [ARGS...]; it prints "ready", waits for a line
-on stdin (the go signal), then:
+Usage: python worker.py MODE STORE CWD [ARGS...]; it prints "ready", waits for a line
+on stdin (the go signal), then (STORE is a storage URL, for ``migrate`` a SQLite file):
 
 - ``crash``: stores numbered facts forever, printing each acknowledged id at once
   (the parent kills it with SIGKILL at some point);
@@ -25,9 +25,7 @@ from pathlib import Path
 import anyio
 
 from helpers.processes import wait_for_go
-from memory_mcp.config import Settings
-from memory_mcp.embedders.base import FakeEmbedder
-from memory_mcp.service import MemoryService
+from helpers.storage import open_url
 from memory_mcp.storage.sqlite.driver import choose_driver
 from memory_mcp.storage.sqlite.migrations import MIGRATIONS, Migration, migrate
 
@@ -46,10 +44,8 @@ SHARED = [  # rewordings (folded by comparison), and repeats (folded by their no
 ]  # fmt: skip
 
 
-async def crash(db: str, cwd: str) -> None:
-    async with MemoryService.open(
-        Settings(), database=Path(db), embedder=FakeEmbedder(), wait_for_embedder=10
-    ) as memory:
+async def crash(url: str, cwd: str) -> None:
+    async with open_url(url) as memory:
         wait_for_go()
         n = int(time.time() * 1000) % 1_000_000
         while True:
@@ -60,15 +56,13 @@ async def crash(db: str, cwd: str) -> None:
             print(result.id, flush=True)
 
 
-async def soak(db: str, cwd: str, seconds: str, name: str) -> None:
+async def soak(url: str, cwd: str, seconds: str, name: str) -> None:
     rng = random.Random(name)
     acked: list[str] = []
     errors: list[str] = []
     store_ms: list[float] = []
     search_ms: list[float] = []
-    async with MemoryService.open(
-        Settings(), database=Path(db), embedder=FakeEmbedder(), wait_for_embedder=10
-    ) as memory:
+    async with open_url(url) as memory:
         wait_for_go()
         deadline = time.monotonic() + float(seconds)
         n = 0
@@ -120,12 +114,12 @@ def migrate_slowly(db: str) -> None:
 
 
 if __name__ == "__main__":
-    mode, db, *rest = sys.argv[1:]
+    mode, store, *rest = sys.argv[1:]
     if mode == "crash":
-        anyio.run(crash, db, rest[0])
+        anyio.run(crash, store, rest[0])
     elif mode == "soak":
-        anyio.run(soak, db, *rest[:3])
+        anyio.run(soak, store, *rest[:3])
     elif mode == "migrate":
-        migrate_slowly(db)
+        migrate_slowly(store)
     else:
         raise SystemExit(f"unknown mode {mode}")

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from memory_mcp.storage.sqlite.dense import _Segment
+
+pytestmark = pytest.mark.sqlite_only
 
 
 def _rows(rowids: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import sqlite3
 
+import pytest
+
 from memory_mcp.storage.sqlite.driver import choose_driver
+
+pytestmark = pytest.mark.sqlite_only
 
 
 def test_auto_finds_a_driver_with_vectors_and_fts5() -> None:

@@ -17,6 +17,7 @@ def with_url(url: str, data_dir: Path) -> Settings:
     return Settings(data_dir=str(data_dir), storage=StorageSettings(url=url))
 
 
+@pytest.mark.sqlite_only
 async def test_an_empty_url_opens_the_sqlite_file_in_the_data_directory(tmp_path: Path) -> None:
     store = await open_store(with_url("", tmp_path))
     try:
@@ -27,6 +28,7 @@ async def test_an_empty_url_opens_the_sqlite_file_in_the_data_directory(tmp_path
     assert (tmp_path / "memory.db").is_file()
 
 
+@pytest.mark.sqlite_only
 async def test_a_sqlite_url_names_the_file(tmp_path: Path) -> None:
     target = tmp_path / "elsewhere" / "mine.db"
     target.parent.mkdir()

@@ -13,7 +13,7 @@ from memory_mcp.storage.sqlite import SqliteStore
 from memory_mcp.storage.sqlite.driver import choose_driver
 from memory_mcp.storage.sqlite.migrations import MIGRATIONS, Migration, applied_migrations, migrate
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.sqlite_only]
 
 DRIVER = choose_driver()
 

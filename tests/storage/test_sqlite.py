@@ -13,7 +13,7 @@ from memory_mcp.records import format_time, utcnow
 from memory_mcp.storage.base import Filters
 from memory_mcp.storage.sqlite import SqliteStore, dense
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.sqlite_only]
 
 FILTERS = Filters(scope_keys=("/repo",), corpora=("facts",))
 
