@@ -118,13 +118,17 @@ async def test_a_fill_stopped_while_writing_cannot_resume(tmp_path: Path, storag
 
 
 def test_bench_cli_times_each_command_as_a_whole_process(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """A tiny bench cli run: every command runs and is timed (no timing is checked)."""
+    """A tiny bench cli run: every command runs and is timed (no timing is checked), on a
+    store of its own, not the one the user's storage.url names."""
     from memory_mcp.bench.commands import COMMANDS, run_commands_bench
 
     monkeypatch.setenv("MEMORY_MCP_EMBEDDER_BACKEND", "bm25")  # the model is not the point here
+    users = tmp_path / "users-own.db"
+    monkeypatch.setenv("MEMORY_MCP_STORAGE_URL", f"sqlite:///{users}")
     report = run_commands_bench(memories=20, runs=1, uncached=False)
+    assert not users.exists()
     data = report.to_json()
     assert [c["command"] for c in data["commands"]] == [
         "--version",

@@ -97,6 +97,8 @@ def run_commands_bench(
         (project / ".git").mkdir(parents=True)
         env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
         env["MEMORY_MCP_DATA_DIR"] = str(root / "data")
+        # Its own store, whatever storage.url the user's environment or config names.
+        env["MEMORY_MCP_STORAGE_URL"] = f"sqlite:///{root / 'data' / 'memory.db'}"
         dump = root / "memories.jsonl"
         dump.write_text("\n".join(export_lines(generate(memories), project)) + "\n", "utf-8")
         _run([program, "import", str(dump)], project, env)
