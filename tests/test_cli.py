@@ -141,6 +141,28 @@ def test_export_import_and_reembed_round_trip(
     assert "We chose SQLite over Postgres" in out
 
 
+def test_push_copies_the_store_into_another_and_refuses_to_push_into_itself(
+    project: Path, tmp_path: Path, storage_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MEMORY_MCP_EMBEDDER_BACKEND", "bm25")
+    run("store", "Use uv for installs", cwd=project)
+    run("store", "--kind", "decision", "We chose SQLite over Postgres for the store", cwd=project)
+    team = store_url(tmp_path, storage_url, "team")
+    code, out, _ = run("push", team, cwd=project)
+    assert code == 0 and "copied 2 records (0 already there)" in out
+    code, out, _ = run("push", "--json", team, cwd=project)
+    assert code == 0 and json.loads(out)["records_skipped"] == 2
+    here = json.loads(run("status", "--json", cwd=project)[1])["database"]
+    itself = store_url(tmp_path, storage_url) if storage_url else f"sqlite://{here}"
+    code, _, err = run("push", itself, cwd=project)
+    assert code == 65 and "is this store" in err
+    code, _, err = run("push", "mysql://host/db", cwd=project)
+    assert code == 78 and "mysql" in err
+    monkeypatch.setenv("MEMORY_MCP_STORAGE_URL", team)
+    code, out, _ = run("search", "why SQLite", cwd=project)
+    assert "We chose SQLite over Postgres" in out
+
+
 @pytest.mark.usefixtures("with_model")
 def test_bench_fold_prints_what_the_pipeline_did_per_label(tmp_path: Path) -> None:
     pairs = tmp_path / "pairs.jsonl"

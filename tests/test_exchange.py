@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from helpers.storage import store_place
+from helpers.storage import open_url, store_place, store_url
 from memory_mcp.embedders.base import FakeEmbedder
 from memory_mcp.errors import InvalidInput
-from memory_mcp.exchange import export_jsonl, import_jsonl, parse_export
-from memory_mcp.service import MemoryService
+from memory_mcp.exchange import export_jsonl, import_jsonl, parse_export, push
+from memory_mcp.service import MemoryService, StoreRequest
 
 pytestmark = pytest.mark.anyio
 
@@ -113,3 +113,59 @@ def test_imported_timestamps_are_stored_in_one_sortable_form() -> None:
     assert record.created_at == "2026-03-01T09:00:00.000000Z"
     assert record.updated_at == "2026-03-01T09:00:00.000000Z"
     assert record.last_access_at is None
+
+
+async def test_push_copies_a_store_into_another_and_a_second_push_adds_nothing(
+    memory: MemoryService, tmp_path: Path, storage_url: str, project: Path
+) -> None:
+    team = store_url(tmp_path, storage_url, "team")
+    await fill(memory, project)
+    original = await dump(memory)
+    copied: list[tuple[int, int]] = []
+    summary = await memory.push(team, progress=lambda done, total: copied.append((done, total)))
+    records = sum(1 for line in original if line["type"] == "record")
+    assert summary.records_added == records and summary.conflicts_added == 1
+    assert copied[-1] == (records, records) and summary.awaiting_embedding == 0
+    again = await memory.push(team)
+    assert (again.records_added, again.records_skipped, again.conflicts_added) == (0, records, 0)
+    with pytest.raises(InvalidInput, match="is this store"):
+        await memory.push(store_url(tmp_path, storage_url))
+    async with open_url(team) as theirs:
+        assert await dump(theirs) == original  # history, archived records, the conflict
+        found = await theirs.search("pigeon minimum iOS", cwd=project)
+        assert found.mode == "hybrid" and "16" in found.hits[0].record.content
+
+
+async def test_an_interrupted_push_completes_when_run_again(
+    memory: MemoryService, tmp_path: Path, storage_url: str, project: Path
+) -> None:
+    team = store_url(tmp_path, storage_url, "team")
+    notes = [
+        StoreRequest(f"note {n}: port {n} is for service-{n}", cwd=project) for n in range(1200)
+    ]
+    await memory.store_many(notes)  # three batches of a push
+    original = await dump(memory)
+
+    def stop(done: int, total: int) -> None:
+        if done >= 500:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        await memory.push(team, progress=stop)
+    summary = await memory.push(team)
+    assert summary.records_skipped == 500 and summary.records_added == len(original) - 500
+    async with open_url(team) as theirs:
+        assert await dump(theirs) == original
+
+
+async def test_push_gives_each_scope_key_its_key_in_the_target(
+    memory: MemoryService, tmp_path: Path, storage_url: str, project: Path
+) -> None:
+    await fill(memory, project)
+    key = memory.scope_keys("project", project)[0]
+    async with memory.engine.beside(store_url(tmp_path, storage_url, "team")) as team:
+        await push(memory.engine, team, map_key=lambda k: "github.com/org/app" if k == key else k)
+        keys = {record.scope_key async for record in team.store.iter_records()}
+        conflicts = await team.store.conflicts()
+    assert keys == {"github.com/org/app", ""}
+    assert [c.scope_key for c in conflicts] == ["github.com/org/app"]

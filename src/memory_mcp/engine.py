@@ -26,7 +26,7 @@ from typing import Literal
 import numpy as np
 
 from memory_mcp import ranker
-from memory_mcp.config import LoadedSettings, Settings
+from memory_mcp.config import LoadedSettings, Settings, replaced
 from memory_mcp.embedders.base import Embedder
 from memory_mcp.embedders.runtime import Embeddings
 from memory_mcp.errors import EmbedderError, InvalidInput
@@ -133,6 +133,17 @@ class Engine:
             if wait_for_embedder > 0:
                 await embeddings.wait_settled(wait_for_embedder)
             yield cls(settings, store, embeddings, clock=clock, sources=sources)
+        finally:
+            await store.close()
+
+    @asynccontextmanager
+    async def beside(self, url: str) -> AsyncIterator[Engine]:
+        """Another store (``url``, a ``storage.url``), worked on with this engine's
+        settings, embeddings and clock: where ``push`` copies to."""
+        settings = replaced(self.settings, storage=replaced(self.settings.storage, url=url))
+        store = await open_store(settings, clock=self.clock)
+        try:
+            yield Engine(settings, store, self.embeddings, clock=self.clock)
         finally:
             await store.close()
 

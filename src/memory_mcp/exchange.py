@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
@@ -146,20 +146,73 @@ async def import_jsonl(
         embed_progress: called with (records embedded, records to embed).
     """
     records, conflicts = parse_export(lines)
-    if engine.settings.write.secrets != "off":
-        records = [redact_record(record)[0] for record in records]
-    added = skipped = 0
-    for start in range(0, len(records), _IMPORT_BATCH):
-        batch = records[start : start + _IMPORT_BATCH]
+    batches = [records[i : i + _IMPORT_BATCH] for i in range(0, len(records), _IMPORT_BATCH)]
+    return await _add(engine, _each(batches), conflicts, len(records), progress, embed_progress)
+
+
+async def push(
+    source: Engine,
+    target: Engine,
+    *,
+    map_key: Callable[[str], str] = lambda key: key,
+    progress: Callable[[int, int], None] | None = None,
+    embed_progress: Callable[[int, int], None] | None = None,
+) -> ImportSummary:
+    """Copy every record and conflict of ``source`` into ``target``, then embed there.
+
+    Records keep their ids, so a push run again (or after an interruption) adds
+    only what is missing. ``map_key`` gives each scope key its key in the target
+    (a project's path key becomes its portable identity).
+
+    Args:
+        progress: called with (records copied, records in the source).
+        embed_progress: called with (records embedded, records to embed).
+    """
+    total = sum((await source.store.stats()).records.values())
+
+    async def batches() -> AsyncIterator[list[Record]]:
+        batch: list[Record] = []
+        async for record in source.store.iter_records():
+            batch.append(replace(record, scope_key=map_key(record.scope_key)))
+            if len(batch) == _IMPORT_BATCH:
+                yield batch
+                batch = []
+        if batch:
+            yield batch
+
+    conflicts = [replace(c, scope_key=map_key(c.scope_key)) for c in await source.store.conflicts()]
+    return await _add(target, batches(), conflicts, total, progress, embed_progress)
+
+
+async def _each(batches: list[list[Record]]) -> AsyncIterator[list[Record]]:
+    for batch in batches:
+        yield batch
+
+
+async def _add(
+    engine: Engine,
+    batches: AsyncIterator[list[Record]],
+    conflicts: list[Conflict],
+    total: int,
+    progress: Callable[[int, int], None] | None,
+    embed_progress: Callable[[int, int], None] | None,
+) -> ImportSummary:
+    """Write records exactly (an id already there is skipped) and conflicts, then embed."""
+    redacts = engine.settings.write.secrets != "off"
+    added = skipped = done = 0
+    async for batch in batches:
         async with engine.store.write() as tx:
             for record in batch:
-                # The vectors are not in the file: the record waits for the re-embed.
+                if redacts:
+                    record = redact_record(record)[0]
+                # The vectors are not carried over: the record waits for the re-embed.
                 if await tx.insert_raw(replace(record, embedder=None)):
                     added += 1
                 else:
                     skipped += 1
+        done += len(batch)
         if progress is not None:
-            progress(start + len(batch), len(records))
+            progress(done, total)
     conflicts_added = 0
     if conflicts:
         async with engine.store.write() as tx:

@@ -340,6 +340,27 @@ class MemoryService:
             self.engine, lines, progress=progress, embed_progress=embed_progress
         )
 
+    async def push(
+        self,
+        url: str,
+        *,
+        progress: Callable[[int, int], None] | None = None,
+        embed_progress: Callable[[int, int], None] | None = None,
+    ) -> ImportSummary:
+        """Copy this store into the store ``url`` names (``exchange.push``): every record,
+        history and archived ones too, and the conflicts; run again, it adds what is missing.
+
+        Raises:
+            InvalidInput: ``url`` names this store.
+            ConfigError: ``url`` names no store this version can open.
+        """
+        from memory_mcp.exchange import push
+
+        async with self.engine.beside(url) as target:
+            if target.store.location == self.engine.store.location:
+                raise InvalidInput(f"{target.store.location} is this store; push names another")
+            return await push(self.engine, target, progress=progress, embed_progress=embed_progress)
+
     # Upkeep --------------------------------------------------------------------------
 
     async def maintain(

@@ -1,4 +1,5 @@
-"""Records in and out: ``export``, ``import``, and ``ingest`` of the project's documents."""
+"""Records in and out: ``export``, ``import``, ``push`` to another store, and ``ingest`` of
+the project's documents."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import sys
 from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -21,6 +22,9 @@ from memory_mcp.cli.base import (
 )
 from memory_mcp.scope import project_root
 from memory_mcp.service import MemoryService
+
+if TYPE_CHECKING:
+    from memory_mcp.exchange import ImportSummary
 
 
 def export_cmd(
@@ -58,15 +62,35 @@ def import_cmd(
             with source as lines:
                 return await memory.import_(lines, progress=report, embed_progress=embedding)
 
-    summary = with_memory(cwd, use)
-    if as_json:
-        print_json(asdict(summary))
-        return
-    out.print(
-        f"added {summary.records_added} records ({summary.records_skipped} already there), "
-        f"{summary.conflicts_added} conflicts; embedded {summary.embedded}, "
-        f"{summary.awaiting_embedding} awaiting an embedder"
-    )
+    _report(with_memory(cwd, use), "added", as_json)
+
+
+def push(
+    url: Annotated[
+        str,
+        typer.Argument(
+            help="The store to copy into: a storage.url (postgresql://… for a team store, "
+            "sqlite:///path/to/memory.db)."
+        ),
+    ],
+    cwd: CwdOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Copy this store into another: every record (history and archived too) and conflict.
+
+    Idempotent and resumable: records keep their ids, so a second run adds only
+    what is missing. The copies are embedded there with the active embedder.
+    """
+
+    async def use(memory: MemoryService) -> Any:
+        with progress_bar("pushing", None) as report:
+
+            def embedding(done: int, total: int) -> None:
+                report(done, total, "embedding")
+
+            return await memory.push(url, progress=report, embed_progress=embedding)
+
+    _report(with_memory(cwd, use), "copied", as_json)
 
 
 def ingest(
@@ -114,3 +138,14 @@ def ingest(
         )
         for line in summary.skipped:
             err.print(f"skipped {line}")
+
+
+def _report(summary: ImportSummary, verb: str, as_json: bool) -> None:
+    if as_json:
+        print_json(asdict(summary))
+        return
+    out.print(
+        f"{verb} {summary.records_added} records ({summary.records_skipped} already there), "
+        f"{summary.conflicts_added} conflicts; embedded {summary.embedded}, "
+        f"{summary.awaiting_embedding} awaiting an embedder"
+    )
