@@ -338,6 +338,16 @@ class ServeSettings(_Section):
             )
         ),
     ] = ""
+    tokens_file: Annotated[
+        str,
+        Meta(
+            description=(
+                "A file of users and the SHA-256 of their bearer tokens (team mode): a request "
+                "carrying one of them comes from that user. `memory-mcp team token NAME` adds "
+                "one; the file is read again when it changes."
+            )
+        ),
+    ] = ""
     allowed_hosts: Annotated[
         str,
         Meta(

@@ -11,7 +11,7 @@ import typer
 
 from memory_mcp import __version__
 from memory_mcp.bench.cli import bench_app
-from memory_mcp.cli import agents, memories, serve, status, transfer, upkeep
+from memory_mcp.cli import agents, memories, serve, status, team, transfer, upkeep
 from memory_mcp.cli.base import err, out
 
 app = typer.Typer(
@@ -75,3 +75,4 @@ app.command()(upkeep.archived)
 app.command()(upkeep.restore)
 app.command()(upkeep.doctor)
 app.command()(upkeep.backup)
+app.add_typer(team.team_app, name="team")

@@ -12,8 +12,10 @@ stderr; stdout is the protocol. (Cancelling the SDK's stdio instead would wait
 forever on its blocked stdin read.)
 
 The HTTP transports bind 127.0.0.1 by default. Binding any other address needs
-a bearer token (``serve.token`` / ``MEMORY_MCP_SERVE_TOKEN``); with a token set,
-every request without ``Authorization: Bearer <token>`` gets 401. The SDK's
+a bearer token (``serve.token`` / ``MEMORY_MCP_SERVE_TOKEN``) or a tokens file
+(``serve.tokens_file``: one token per user, ``mcp/tokens.py``); with either set,
+every request without ``Authorization: Bearer <token>`` gets 401, and the
+request carries who sent it (``CALLER_KEY`` in its ASGI scope). The SDK's
 DNS-rebinding protection (Host and Origin checks) is on for every address.
 """
 
@@ -21,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hmac
 import ipaddress
 import json
 import logging
@@ -30,6 +31,7 @@ import socket
 import sys
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from functools import partial
+from pathlib import Path
 from typing import Any, Literal
 
 import anyio
@@ -37,11 +39,14 @@ from mcp.server.transport_security import TransportSecuritySettings
 
 from memory_mcp.config import LoadedSettings, ServeSettings, load_settings
 from memory_mcp.errors import ConfigError, MemoryMcpError
+from memory_mcp.mcp.tokens import Tokens, read_tokens
 from memory_mcp.mcp.tools import build_server
 from memory_mcp.scope import project_root
 from memory_mcp.service import MemoryService
 
 log = logging.getLogger(__name__)
+# Where BearerAuth puts the request's ``tokens.Caller`` in its ASGI scope.
+CALLER_KEY = "memory_mcp.caller"
 
 Transport = Literal["stdio", "sse", "streamable-http"]
 Scope = MutableMapping[str, Any]
@@ -67,14 +72,17 @@ def check_exposure(settings: ServeSettings) -> None:
     Raises:
         ConfigError: the host is reachable from other machines and no token is set.
     """
+    if settings.tokens_file:
+        tokens_path(settings)  # a file that cannot be used stops the start, on any address
     if is_loopback(settings.host):
         return
-    if not settings.token:
+    if not settings.token and not settings.tokens_file:
         raise ConfigError(
             f"refusing to serve on {settings.host}, which other machines can reach, without a "
-            "token: set MEMORY_MCP_SERVE_TOKEN (or pass --token), or bind 127.0.0.1"
+            "token: set MEMORY_MCP_SERVE_TOKEN (or pass --token) or serve.tokens_file, or bind "
+            "127.0.0.1"
         )
-    if len(settings.token) < 16:
+    if settings.token and len(settings.token) < 16:
         raise ConfigError("the serve token is shorter than 16 characters; use a long random one")
 
 
@@ -108,12 +116,30 @@ def _local_addresses() -> set[str]:
     return found
 
 
-class BearerAuth:
-    """ASGI middleware: HTTP requests must carry ``Authorization: Bearer <token>``."""
+def tokens_path(settings: ServeSettings) -> Path:
+    """The tokens file, checked.
 
-    def __init__(self, app: ASGIApp, token: str) -> None:
+    Raises:
+        ConfigError: it is missing, unreadable, malformed, or names no user.
+    """
+    path = Path(settings.tokens_file).expanduser()
+    if not path.is_file():
+        raise ConfigError(
+            f"serve.tokens_file {path} does not exist; add a user with "
+            f"`memory-mcp team token NAME --file {path}`"
+        )
+    if not read_tokens(path):
+        raise ConfigError(f"serve.tokens_file {path} names no user")
+    return path
+
+
+class BearerAuth:
+    """ASGI middleware: HTTP requests must carry ``Authorization: Bearer <token>``; the
+    request's ASGI scope then holds the ``Caller`` (``CALLER_KEY``)."""
+
+    def __init__(self, app: ASGIApp, tokens: Tokens) -> None:
         self.app = app
-        self._token = token.encode()
+        self._tokens = tokens
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -126,7 +152,12 @@ class BearerAuth:
             if name.lower() == b"authorization":
                 given = value
         scheme, _, token = given.partition(b" ")
-        if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self._token):
+        caller = (
+            self._tokens.caller(token.strip().decode("latin-1"))
+            if scheme.lower() == b"bearer"
+            else None
+        )
+        if caller is None:
             body = json.dumps({"error": "a valid bearer token is required"}).encode()
             await send(
                 {
@@ -141,6 +172,7 @@ class BearerAuth:
             )
             await send({"type": "http.response.body", "body": body})
             return
+        scope[CALLER_KEY] = caller
         await self.app(scope, receive, send)
 
 
@@ -262,7 +294,8 @@ async def _serve_http(
         app = server.sse_app(transport_security=security, host=settings.host)
     else:
         app = server.streamable_http_app(transport_security=security, host=settings.host)
-    asgi: ASGIApp = BearerAuth(app, settings.token) if settings.token else app
+    tokens = Tokens(settings.token, tokens_path(settings) if settings.tokens_file else None)
+    asgi: ASGIApp = BearerAuth(app, tokens) if tokens.required else app
     config = uvicorn.Config(
         asgi,
         host=settings.host,
