@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from helpers.storage import store_place
+from helpers.storage import open_url, store_place, store_url
 from memory_mcp.bench.perf import generate, kept_fill, run_perf
 from memory_mcp.config import Settings
 from memory_mcp.embedders.base import FakeEmbedder
+from memory_mcp.errors import InvalidInput
 
 pytestmark = pytest.mark.anyio
 
@@ -141,3 +142,27 @@ def test_bench_cli_times_each_command_as_a_whole_process(
     ]
     assert len(data["commands"]) == len(COMMANDS)
     assert all(c["median_s"] > 0 and c["target_s"] in (0.3, 1.0) for c in data["commands"])
+
+
+async def test_each_size_goes_to_the_store_a_storage_url_names(
+    tmp_path: Path, storage_url: str
+) -> None:
+    template = store_url(tmp_path, storage_url, "perf{size}")
+    report = await run_perf(
+        [20, 30], Settings(), samples=5, embedder=FakeEmbedder(), storage=template
+    )
+    assert [p.memories for p in report.points] == [20, 30]
+    async with open_url(template.replace("{size}", "30")) as filled:
+        assert sum((await filled.status()).stats.records.values()) >= 30
+    with pytest.raises(InvalidInput, match="holds records"):  # a store it did not make
+        await run_perf(
+            [30],
+            Settings(),
+            samples=5,
+            embedder=FakeEmbedder(),
+            storage=template.replace("{size}", "30"),
+        )
+    with pytest.raises(InvalidInput, match="needs"):
+        await run_perf(
+            [20, 30], Settings(), samples=5, embedder=FakeEmbedder(), storage="sqlite:///x.db"
+        )

@@ -272,6 +272,14 @@ def bench_perf(
             "resumes)."
         ),
     ] = None,
+    storage: Annotated[
+        str,
+        typer.Option(
+            help="Put each size's store where this storage.url says (postgresql://…); "
+            "{size} in it is replaced by the size. Each must be empty. Default: a SQLite "
+            "file in a temporary folder."
+        ),
+    ] = "",
     as_json: JsonOption = False,
 ) -> None:
     """Store / search latency, import rate, brief time, size and memory at each size."""
@@ -285,6 +293,9 @@ def bench_perf(
         raise typer.Exit(2) from None
     if not counts or min(counts) < 10:
         err.print("error: --sizes needs numbers of at least 10")
+        raise typer.Exit(2)
+    if storage and len(counts) > 1 and "{size}" not in storage:
+        err.print(f"error: --storage needs {{size}} in it to hold {len(counts)} sizes")
         raise typer.Exit(2)
     if keep is not None:
         for n in counts:
@@ -302,7 +313,7 @@ def bench_perf(
                 report(done, total, phase)
 
             return await run_perf(
-                counts, loaded.settings, samples=samples, progress=step, keep=keep
+                counts, loaded.settings, samples=samples, progress=step, keep=keep, storage=storage
             )
 
     result = run_engine(work)

@@ -37,8 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from memory_mcp.agents.inject import inject
-from memory_mcp.config import Settings, WriteSettings
+from memory_mcp.config import Settings, WriteSettings, replaced
 from memory_mcp.embedders.base import Embedder
+from memory_mcp.errors import InvalidInput
 from memory_mcp.exchange import header_line, record_line
 from memory_mcp.records import utcnow
 from memory_mcp.scope import project_scope
@@ -456,13 +457,24 @@ async def run_perf(
     embedder: Embedder | None = None,
     progress: Progress | None = None,
     keep: Path | None = None,
+    storage: str = "",
 ) -> PerfReport:
     """One store per size: fresh in a temporary directory, or ``keep/<size>``.
 
     A ``keep/<size>`` store filled by an earlier run is measured again as it is
     (its import figures are those of the run that filled it); one whose fill
     stopped while embedding is finished first.
+
+    ``storage`` puts each size's store where a ``storage.url`` says instead (a
+    Postgres database, say): ``{size}`` in it is replaced by the size, and each
+    such store must be empty (or, with ``keep``, the one that run filled).
+
+    Raises:
+        InvalidInput: several sizes but no ``{size}`` in ``storage``, or a store there
+            holds records this bench did not write.
     """
+    if storage and len(sizes) > 1 and "{size}" not in storage:
+        raise InvalidInput(f"--storage needs {{size}} in it to hold {len(sizes)} sizes")
     report = PerfReport()
     for count in sizes:
         with contextlib.ExitStack() as stack:
@@ -473,6 +485,7 @@ async def run_perf(
             else:
                 tmp = keep / str(count)
             filled = kept_fill(tmp) if keep is not None else None
+            fresh = filled is None
             root = tmp / "project"
             if filled is None:
                 tmp.mkdir(parents=True, exist_ok=True)
@@ -483,12 +496,20 @@ async def run_perf(
                 if keep is not None:
                     (folder / FILL_FILE).write_text(json.dumps(asdict(state)) + "\n")
 
+            url = storage.replace("{size}", str(count))
             async with MemoryService.open(
-                settings,
-                database=tmp / "memory.db",
+                replaced(settings, storage=replaced(settings.storage, url=url))
+                if url
+                else settings,
+                database=None if url else tmp / "memory.db",
                 embedder=embedder,
                 wait_for_embedder=60,
             ) as memory:
+                if url and fresh and (await memory.status()).stats.records:
+                    raise InvalidInput(
+                        f"the store at {memory.location} holds records: bench perf fills an "
+                        "empty store (give it an empty database, or {size} in the URL)"
+                    )
                 if embedder is None and not memory.engine.embeddings.ready:
                     await memory.engine.embeddings.wait_loaded(600)
                 if not filled.done:
