@@ -200,7 +200,9 @@ def test_bench_fold_prints_what_the_pipeline_did_per_label(tmp_path: Path) -> No
 
 
 @pytest.mark.usefixtures("with_model")
-def test_bench_retrieval_writes_a_run_file_in_the_benchmark_format(tmp_path: Path) -> None:
+def test_bench_retrieval_writes_a_run_file_in_the_benchmark_format(
+    tmp_path: Path, storage_url: str
+) -> None:
     data = tmp_path / "data.jsonl"
     case = {
         "case": "t-000",
@@ -265,6 +267,16 @@ def test_bench_retrieval_writes_a_run_file_in_the_benchmark_format(tmp_path: Pat
     scored = json.loads(out)
     assert code == 0 and scored["missing_queries"] == 1
     assert scored["metrics"]["overall"]["turn_recall@5"] == 50.0
+
+    # On a store a storage.url names: the same ranking; a store with records is refused.
+    there = store_url(tmp_path, storage_url, "bench")
+    elsewhere = tmp_path / "there.jsonl"
+    argv = ["bench", "retrieval", str(data), "--out", str(elsewhere), "--storage", there, "--json"]
+    code, out, _ = run(*argv)
+    assert code == 0 and json.loads(out)["metrics"] == report["metrics"]
+    assert elsewhere.read_text(encoding="utf-8").splitlines()[1] == json.dumps(lines[1])
+    code, _, stderr = run(*argv)
+    assert code == 65 and "holds records" in stderr
 
 
 def test_bench_score_refuses_a_malformed_run_file_with_exit_65(tmp_path: Path) -> None:

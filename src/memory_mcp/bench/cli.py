@@ -5,6 +5,7 @@ Each command imports its benchmark only when it runs, so the command line starts
 from __future__ import annotations
 
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -22,6 +23,8 @@ from memory_mcp.cli.base import (
     run_engine,
     settings_for,
 )
+from memory_mcp.config import replaced
+from memory_mcp.errors import InvalidInput
 
 bench_app = typer.Typer(help="Benchmarks anyone can rerun (see the README).", no_args_is_help=True)
 
@@ -109,6 +112,13 @@ def bench_retrieval(
             "(same model, same texts: only search changes)."
         ),
     ] = None,
+    storage: Annotated[
+        str,
+        typer.Option(
+            help="Store the memories where this storage.url says (postgresql://…; it must "
+            "be empty). Default: a SQLite file in a temporary folder."
+        ),
+    ] = "",
     as_json: JsonOption = False,
 ) -> None:
     """Run the retrieval benchmark (bench/FORMAT.md): store, search, score."""
@@ -130,10 +140,18 @@ def bench_retrieval(
                 err.print("error: --vector-cache needs a model (the embedder backend is bm25)")
                 raise typer.Exit(2)
             cached = CachedEmbedder(found[0], vector_cache)
+        if storage:
+            given = loaded.settings
+            url = replaced(given.storage, url=storage)
+            loaded = replace(loaded, settings=replaced(given, storage=url))
         with tempfile.TemporaryDirectory(prefix="memory-mcp-bench-") as tmp:
-            async with open_memory(
-                loaded, Path(tmp) / "bench.db", needs_vectors=True, embedder=cached
-            ) as memory:
+            database = None if storage else Path(tmp) / "bench.db"
+            async with open_memory(loaded, database, needs_vectors=True, embedder=cached) as memory:
+                if storage and (await memory.status()).stats.records:
+                    raise InvalidInput(
+                        f"the store at {memory.location} holds records: the retrieval bench "
+                        "needs an empty one"
+                    )
                 with (
                     progress_bar("cases", total_cases) as report,
                     run_out.open("w", encoding="utf-8") as fh,
