@@ -566,3 +566,24 @@ def test_install_all_goes_on_past_a_broken_file_and_says_which(
     assert f"{home / '.claude.json'}: MCP server 'memory' added" in out
     assert f"{home / '.gemini' / 'settings.json'}: MCP server 'memory' added" in out
     assert "error (codex):" in err and "not valid TOML" in err
+
+
+def test_the_benches_never_write_into_the_store_the_settings_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A store no bench may touch: nothing listens there, so a bench that opened it fails.
+    monkeypatch.setenv("MEMORY_MCP_STORAGE_URL", "postgresql://127.0.0.1:1/team")
+    monkeypatch.setenv("MEMORY_MCP_EMBEDDER_BACKEND", "bm25")
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text(json.dumps({"a": "Use uv", "b": "use UV", "label": "duplicate"}) + "\n")
+    assert run("bench", "fold", str(pairs))[0] == 0
+    data = tmp_path / "data.jsonl"
+    case = {
+        "case": "c",
+        "memories": [{"id": "m1", "text": "My dog is Rex.", "time": "2023-01-01T00:00:00"}],
+        "queries": [{"id": "q", "text": "dog", "time": "2023-02-01T00:00:00", "gold": ["m1"]}],
+    }
+    data.write_text(json.dumps(case) + "\n")
+    assert run("bench", "retrieval", str(data), "--out", str(tmp_path / "run.jsonl"))[0] == 0
+    code, _, _ = run("bench", "perf", "--sizes", "20", "--samples", "5", "--no-launch")
+    assert code == 0

@@ -130,6 +130,14 @@ async def test_push_copies_a_store_into_another_and_a_second_push_adds_nothing(
     assert (again.records_added, again.records_skipped, again.conflicts_added) == (0, records, 0)
     with pytest.raises(InvalidInput, match="is this store"):
         await memory.push(store_url(tmp_path, storage_url))
+    if not storage_url:  # the same file, however it is spelled, and before opening anything
+        (tmp_path / "link").symlink_to(tmp_path)
+        for spelled in (
+            f"sqlite://{tmp_path}/x/../memory.db",
+            f"sqlite://{tmp_path}/link/memory.db",
+        ):
+            with pytest.raises(InvalidInput, match="is this store"):
+                await memory.push(spelled)
     async with open_url(team) as theirs:
         assert await dump(theirs) == original  # history, archived records, the conflict
         found = await theirs.search("pigeon minimum iOS", cwd=project)

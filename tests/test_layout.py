@@ -158,7 +158,8 @@ def test_the_engine_imports_no_adapter() -> None:
 
 # What an adapter may import from below it: the facade and the words it speaks in
 # (settings, errors, records, scopes, result views, terminal output, platform
-# directories, the managed-block format), never a feature module or the store.
+# directories, the managed-block format, atomic file writes), never a feature module or
+# the store.
 FACADE = frozenset(
     {
         "memory_mcp",  # the version
@@ -171,6 +172,7 @@ FACADE = frozenset(
         "memory_mcp.terminal",
         "memory_mcp.dirs",
         "memory_mcp.blocks",
+        "memory_mcp.files",  # writing a file atomically
         "memory_mcp.bench.cli",  # the CLI mounts the bench's sub-app
     }
 )
@@ -188,3 +190,16 @@ def test_adapters_reach_the_engine_only_through_the_facade() -> None:
         if not _is_adapter(dep) and dep not in FACADE and (name, dep) not in FACADE_EXCEPTIONS
     )
     assert not crossing, "adapters import the engine past MemoryService: " + ", ".join(crossing)
+
+
+def test_the_command_line_loads_no_numpy_until_something_is_embedded() -> None:
+    # `brief --hook` runs at the start of every agent session: numpy's ~0.1 s load
+    # belongs to the commands that embed or score vectors, not to the CLI's import.
+    import subprocess
+    import sys
+
+    code = "import sys, memory_mcp.cli.app; print('numpy' in sys.modules)"
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "False"

@@ -50,6 +50,20 @@ def test_a_new_token_replaces_the_old_and_the_file_is_read_again(tmp_path: Path)
     file.write_text("[users]\nalice = 'not a hash'\n")  # a broken edit keeps what was read
     os.utime(file, ns=(3, 3))
     assert tokens.caller(carol) == Caller("carol")
+    file.unlink()  # deleting the file revokes everyone
+    assert tokens.caller(carol) is None
+
+
+def test_two_users_added_at_once_both_land(tmp_path: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    file = tmp_path / "tokens.toml"
+    names = [f"user{n}" for n in range(12)]
+    with ThreadPoolExecutor(4) as pool:
+        given = dict(zip(names, pool.map(lambda name: add_token(file, name), names), strict=True))
+    tokens = Tokens(file=file)
+    assert sorted(read_tokens(file)) == sorted(names)
+    assert all(tokens.caller(token) == Caller(name) for name, token in given.items())
 
 
 def test_bad_names_and_bad_files_are_refused(tmp_path: Path) -> None:

@@ -108,3 +108,10 @@ async def archive_project(engine: Engine, cwd: str | Path | None, *, dry_run: bo
             for record_id in batch:
                 archived += await tx.archive(record_id, "project-done", at)
     return archived
+
+
+async def archived(
+    engine: Engine, scope_keys: Sequence[str] = (), *, reason: str | None = None, limit: int = 50
+) -> list[Record]:
+    """Archived records of these scopes (every scope if none), most recent first."""
+    return await engine.store.archived(tuple(scope_keys), reason=reason, limit=limit)

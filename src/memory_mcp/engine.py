@@ -23,8 +23,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Literal
 
-import numpy as np
-
 from memory_mcp import ranker
 from memory_mcp.config import LoadedSettings, Settings, replaced
 from memory_mcp.embedders.base import Embedder
@@ -191,6 +189,8 @@ class Engine:
         matrix = await self.embeddings.embed(flat)
         if matrix is None:
             return None
+        import numpy as np  # here, not at the top: commands that embed nothing skip its load
+
         out: list[Vector] = []
         offset = 0
         for group in passages:

@@ -5,7 +5,7 @@ agents' instruction files, or the files and directories given), cuts each into
 heading-aware chunks and stores them as ``chunk`` records of the project scope:
 
     async with MemoryService.open(settings) as memory:
-        summary = await memory.ingest(cwd)
+        summary = await memory.ingest(project_root(cwd))
 
 Only what changed is re-chunked. Every chunk carries the sha256 of its file's
 text (without any block ``inject`` wrote, which is never ingested) in

@@ -356,7 +356,7 @@ class Hit:
     lexical: float | None = None
     dense: float | None = None
     # The score on the record's own text and vectors, before its conversation and
-    # feedback re-ordered it (search.read_around): what a threshold admits by.
+    # feedback re-ordered it (fusion.read_around): what a threshold admits by.
     own_score: float | None = None
     # What a reader should know besides the text: "supersedes" (the older value it
     # replaced) and "conflict" (an open contradiction it is part of); see views.py.

@@ -123,7 +123,7 @@ async def project_search(
     """Search the project's facts, journal, docs and knowledge at once, ranked together.
 
     Each corpus is searched concurrently with one query vector; the hits are
-    fused and ranked once (``search.fuse``), each labelled by its record's
+    fused and ranked once (``fusion.fuse``), each labelled by its record's
     corpus. A corpus that fails adds a warning; the others still answer.
 
     Raises:
@@ -152,7 +152,7 @@ async def unified_search(
 ) -> UnifiedResult:
     """The cross-source contract (SPEC §2, ``searchUnifiedMemory``).
 
-    ``similarity`` is the one ranker's score of the fused relevance (``search``
+    ``similarity`` is the one ranker's score of the fused relevance (``fusion``
     module), computed with one query vector and one BM25 scale over every
     source, so it compares across sources. Results at or above ``threshold``,
     sorted by similarity, then type, then id; content capped at
@@ -192,7 +192,7 @@ async def unified_search(
         redact=False,  # every candidate comes back: only those kept are shown
     )
     # At the threshold on its own text too: its neighbours and the feedback of
-    # the best hits re-order results, they never make one (search.read_around).
+    # the best hits re-order results, they never make one (fusion.read_around).
     kept = [
         h
         for h in hits

@@ -355,10 +355,11 @@ class MemoryService:
             ConfigError: ``url`` names no store this version can open.
         """
         from memory_mcp.exchange import push
+        from memory_mcp.storage.factory import names_store
 
+        if names_store(url, self.engine.store, self.settings):
+            raise InvalidInput(f"{self.engine.store.location} is this store; push names another")
         async with self.engine.beside(url) as target:
-            if target.store.location == self.engine.store.location:
-                raise InvalidInput(f"{target.store.location} is this store; push names another")
             return await push(self.engine, target, progress=progress, embed_progress=embed_progress)
 
     # Upkeep --------------------------------------------------------------------------
@@ -388,7 +389,7 @@ class MemoryService:
         self, scope_keys: Sequence[str] = (), *, reason: str | None = None, limit: int = 50
     ) -> list[Record]:
         """Archived records of these scopes (every scope if none), most recent first."""
-        return await self.engine.store.archived(tuple(scope_keys), reason=reason, limit=limit)
+        return await archive.archived(self.engine, scope_keys, reason=reason, limit=limit)
 
     async def restore(self, record_ids: Sequence[str]) -> list[Record]:
         """Bring archived records back exactly as they were (``archive.restore``)."""

@@ -166,3 +166,24 @@ async def test_each_size_goes_to_the_store_a_storage_url_names(
         await run_perf(
             [20, 30], Settings(), samples=5, embedder=FakeEmbedder(), storage="sqlite:///x.db"
         )
+
+
+async def test_a_kept_fill_is_measured_again_only_on_the_store_it_filled(
+    tmp_path: Path, storage_url: str
+) -> None:
+    first = store_url(tmp_path, storage_url, "first")
+    keep = tmp_path / "keep"
+    await run_perf([20], Settings(), samples=5, embedder=FakeEmbedder(), keep=keep, storage=first)
+    again = await run_perf(
+        [20], Settings(), samples=5, embedder=FakeEmbedder(), keep=keep, storage=first
+    )
+    assert again.points[0].run_on_store == 2
+    with pytest.raises(InvalidInput, match="was filled on"):
+        await run_perf(
+            [20],
+            Settings(),
+            samples=5,
+            embedder=FakeEmbedder(),
+            keep=keep,
+            storage=store_url(tmp_path, storage_url, "second"),
+        )

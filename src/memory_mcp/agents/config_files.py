@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from memory_mcp.agents.inject import atomic_write
 from memory_mcp.errors import InvalidInput
+from memory_mcp.files import atomic_write
 
 
 @dataclass(frozen=True)

@@ -32,13 +32,13 @@ instead of ``AGENTS.md``, and so does ``inject``.
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from memory_mcp.blocks import Block, PromptText, find_block, lead_for, render_block
 from memory_mcp.errors import InvalidInput
+from memory_mcp.files import atomic_write
 
 Agent = Literal["claude", "codex", "gemini"]
 AGENTS: tuple[Agent, ...] = ("claude", "codex", "gemini")
@@ -85,22 +85,6 @@ def _inside(root: Path, path: Path) -> Path:
             "writes outside the project (remove the symlink or inject elsewhere)"
         )
     return real
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Atomically replace ``path`` with ``data`` (keeping its permissions)."""
-    mode = path.stat().st_mode & 0o7777 if path.exists() else 0o644
-    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(temporary, mode)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
 
 
 def set_block(root: Path, path: Path, content: str) -> FileChange:

@@ -23,7 +23,7 @@ from memory_mcp.cli.base import (
     run_engine,
     settings_for,
 )
-from memory_mcp.config import replaced
+from memory_mcp.config import LoadedSettings, replaced
 from memory_mcp.errors import InvalidInput
 
 bench_app = typer.Typer(help="Benchmarks anyone can rerun (see the README).", no_args_is_help=True)
@@ -55,7 +55,7 @@ def bench_fold(
     )
 
     async def work() -> Any:
-        loaded = settings_for(None)
+        loaded = _bench_settings("")
         items = read_pairs(pairs)
         with tempfile.TemporaryDirectory(prefix="memory-mcp-bench-") as tmp:
             async with open_memory(loaded, Path(tmp) / "bench.db", needs_vectors=True) as memory:
@@ -132,7 +132,7 @@ def bench_retrieval(
     total_cases = sum(1 for _ in read_cases(data)) if cases is None else cases
 
     async def work() -> Any:
-        loaded = settings_for(None)
+        loaded = _bench_settings(storage)
         cached: CachedEmbedder | None = None
         if vector_cache is not None:
             found = build_candidates(loaded.settings.embedder)
@@ -140,10 +140,6 @@ def bench_retrieval(
                 err.print("error: --vector-cache needs a model (the embedder backend is bm25)")
                 raise typer.Exit(2)
             cached = CachedEmbedder(found[0], vector_cache)
-        if storage:
-            given = loaded.settings
-            url = replaced(given.storage, url=storage)
-            loaded = replace(loaded, settings=replaced(given, storage=url))
         with tempfile.TemporaryDirectory(prefix="memory-mcp-bench-") as tmp:
             database = None if storage else Path(tmp) / "bench.db"
             async with open_memory(loaded, database, needs_vectors=True, embedder=cached) as memory:
@@ -428,3 +424,12 @@ def _metric_table(table: Any) -> None:
     for name, n, metrics in rows:
         cells = [f"{metrics[c]:>14.1f}" if c in metrics else f"{'-':>14}" for c in columns]
         out.print(f"{name:<{width}}  {n:>4}  " + "  ".join(cells))
+
+
+def _bench_settings(storage: str) -> LoadedSettings:
+    """The user's settings, with the bench's own store: ``storage`` (a ``storage.url``), or
+    when empty the SQLite file the bench names, whatever ``storage.url`` the user's
+    environment or config gives (a bench must never write into a real store)."""
+    loaded = settings_for(None)
+    given = loaded.settings
+    return replace(loaded, settings=replaced(given, storage=replaced(given.storage, url=storage)))

@@ -261,6 +261,7 @@ class Fill:
     written_s: float | None = None  # seconds the project's records took to write
     embedding_s: float = 0.0  # seconds spent embedding them so far
     done: bool = False
+    storage: str = ""  # the storage.url of the store (empty: memory.db beside fill.json)
 
 
 class FillInterrupted(RuntimeError):
@@ -487,20 +488,25 @@ async def run_perf(
             filled = kept_fill(tmp) if keep is not None else None
             fresh = filled is None
             root = tmp / "project"
+            url = storage.replace("{size}", str(count))
             if filled is None:
                 tmp.mkdir(parents=True, exist_ok=True)
                 (root / ".git").mkdir(parents=True)
-                filled = Fill(memories=count)
+                filled = Fill(memories=count, storage=url)
+            elif filled.storage != url:
+                raise InvalidInput(
+                    f"{tmp} was filled on {filled.storage or 'its own SQLite file'}, not on "
+                    f"{url or 'its own SQLite file'}: give the --storage it was filled with"
+                )
 
             def save(state: Fill, folder: Path = tmp) -> None:
                 if keep is not None:
                     (folder / FILL_FILE).write_text(json.dumps(asdict(state)) + "\n")
 
-            url = storage.replace("{size}", str(count))
+            # Its own store: the one --storage names, else the temporary file, whatever
+            # storage.url the user's settings give.
             async with MemoryService.open(
-                replaced(settings, storage=replaced(settings.storage, url=url))
-                if url
-                else settings,
+                replaced(settings, storage=replaced(settings.storage, url=url)),
                 database=None if url else tmp / "memory.db",
                 embedder=embedder,
                 wait_for_embedder=60,

@@ -133,6 +133,6 @@ def short(text: str, width: int = 100) -> str:
 
 
 def ago(stamp: str, now: datetime) -> str:
-    """How long ago: "just now", "5m ago", "3d ago" (``brief.age``'s units)."""
+    """How long ago: "just now", "5m ago", "3d ago" (``records.age``'s units)."""
     span = age(stamp, now)
     return "just now" if span == "now" else f"{span} ago"

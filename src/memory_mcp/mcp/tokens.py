@@ -12,7 +12,9 @@ the token itself, so a copy of the file lets nobody in::
 its hash (the file is the owner's only, 0600). A request's token is hashed and
 compared with every entry in constant time (``hmac.compare_digest``, no early
 exit), so neither the answer's time nor its content says which user is near.
-The file is read again when it changes: adding a user needs no restart.
+The file is read again when it changes: adding a user needs no restart, and
+deleting the file admits nobody (an edit that breaks it keeps the users read
+last, with a warning in the log).
 
 ``serve.token`` stays the single shared token; a request that carries it is
 the server's own user.
@@ -20,9 +22,10 @@ the server's own user.
 
 from __future__ import annotations
 
-import contextlib
+import fcntl
 import hashlib
 import hmac
+import logging
 import os
 import re
 import secrets
@@ -31,6 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from memory_mcp.errors import ConfigError, InvalidInput
+from memory_mcp.files import atomic_write
+
+log = logging.getLogger(__name__)
 
 USER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,62}")
 _PREFIX = "sha256:"
@@ -76,8 +82,8 @@ def read_tokens(path: Path) -> dict[str, str]:
 def add_token(path: Path, user: str) -> str:
     """Give ``user`` a new random token in the tokens file (replacing theirs); the token.
 
-    The file is written whole (temporary file, then rename) and readable by its
-    owner only.
+    The file is written whole (``files.atomic_write``), readable by its owner only,
+    under a lock, so that two runs at once both land.
 
     Raises:
         InvalidInput: ``user`` is not a valid name.
@@ -87,16 +93,17 @@ def add_token(path: Path, user: str) -> str:
         raise InvalidInput(
             f"{user!r} is not a user name: a letter or _, then up to 62 letters, digits, _ . -"
         )
-    users = read_tokens(path) if path.exists() else {}
-    token = secrets.token_urlsafe(32)
-    users[user] = digest(token)
-    text = _HEADER + "".join(f'{name} = "{value}"\n' for name, value in sorted(users.items()))
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as out:
-        out.write(text)
-    os.replace(temporary, path)
+    lock = os.open(path.with_name(f".{path.name}.lock"), os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        users = read_tokens(path) if path.exists() else {}
+        token = secrets.token_urlsafe(32)
+        users[user] = digest(token)
+        text = _HEADER + "".join(f'{name} = "{value}"\n' for name, value in sorted(users.items()))
+        atomic_write(path, text.encode("utf-8"), mode=0o600)
+    finally:
+        os.close(lock)  # releases the lock
     return token
 
 
@@ -106,7 +113,7 @@ class Tokens:
     def __init__(self, shared: str = "", file: Path | None = None) -> None:
         self._shared = digest(shared) if shared else ""
         self._file = file
-        self._seen: tuple[int, int] | None = None
+        self._seen: tuple[int, int, int] | None = None
         self._users: dict[str, str] = {}
         if file is not None:
             self._reload()
@@ -116,12 +123,20 @@ class Tokens:
         return bool(self._shared) or self._file is not None
 
     def _reload(self) -> None:
+        """Read the file again if it changed (a new file, by ``add_token``'s rename, has a
+        new inode even when its size and time look the same)."""
         assert self._file is not None
-        stat = self._file.stat()
-        stamp = (stat.st_mtime_ns, stat.st_size)
+        try:
+            stat = self._file.stat()
+        except FileNotFoundError:
+            if self._users:
+                log.warning("serve.tokens_file %s is gone: no user is admitted", self._file)
+            self._users, self._seen = {}, None
+            return
+        stamp = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
         if stamp != self._seen:
-            self._users = read_tokens(self._file)
             self._seen = stamp
+            self._users = read_tokens(self._file)
 
     def caller(self, token: str) -> Caller | None:
         """Whom ``token`` names, or None (refuse the request).
@@ -129,10 +144,11 @@ class Tokens:
         Every entry is compared, whatever matched, in constant time per entry.
         """
         if self._file is not None:
-            # Keep the users read last if the file cannot be read now: an edit half
-            # written must not lock everyone out.
-            with contextlib.suppress(OSError, ConfigError):
+            try:
                 self._reload()
+            except (OSError, ConfigError) as exc:
+                # Keep the users read last: a broken edit must not lock everyone out.
+                log.warning("serve.tokens_file not read again, still using the last one: %s", exc)
         given = digest(token)
         found: Caller | None = None
         if self._shared and hmac.compare_digest(given, self._shared):

@@ -11,6 +11,7 @@ A URL is never shown with its password (``redacted``).
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -108,3 +109,15 @@ async def open_store(
         ) from exc
     opened: Store = await backend.open_store(url, settings, clock=clock)
     return opened
+
+
+def names_store(url: str, store: Store, settings: Settings) -> bool:
+    """Whether ``url`` (a ``storage.url``) names ``store``, however it is spelled (a SQLite
+    file by its real path, symlinks and ``..`` resolved; another backend by its URL
+    without credentials)."""
+    if scheme(url) != store.backend:
+        return False
+    if store.backend == "sqlite":
+        path = sqlite_path(url.strip(), settings.database_path())
+        return os.path.realpath(path) == os.path.realpath(store.location)
+    return redacted(url.strip()).rstrip("/") == store.location.rstrip("/")
