@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.records import fact
 from helpers.storage import store_place
 from memory_mcp.embedders.base import FakeEmbedder
 from memory_mcp.errors import InvalidInput
@@ -113,3 +114,27 @@ def test_imported_timestamps_are_stored_in_one_sortable_form() -> None:
     assert record.created_at == "2026-03-01T09:00:00.000000Z"
     assert record.updated_at == "2026-03-01T09:00:00.000000Z"
     assert record.last_access_at is None
+
+
+async def test_project_aliases_travel_with_an_export_detached_ones_detached(
+    tmp_path: Path, storage_url: str
+) -> None:
+    settings, database = store_place(tmp_path, storage_url, "a")
+    async with MemoryService.open(settings, database=database, embedder=FakeEmbedder()) as a:
+        async with a.engine.store.write() as tx:
+            await tx.insert(fact("Old fact one", scope_key="/old/app"), None)
+            await tx.insert(fact("Old fact two", scope_key="/old/app-wt"), None)
+            await tx.add_alias("/old/app", "github.com/org/app", "2026-01-01T00:00:00.000000Z")
+            await tx.add_alias("/old/app-wt", "github.com/org/app", "2026-01-02T00:00:00.000000Z")
+            await tx.remove_alias("/old/app-wt", "2026-01-03T00:00:00.000000Z")
+        text = io.StringIO()
+        summary = await export_jsonl(a.engine, text)
+        original = await a.engine.store.aliases("github.com/org/app")
+    assert summary.aliases == 2
+    settings, database = store_place(tmp_path, storage_url, "b")
+    async with MemoryService.open(settings, database=database, embedder=FakeEmbedder()) as b:
+        added = await import_jsonl(b.engine, text.getvalue().splitlines())
+        assert added.aliases_added == 2
+        assert await b.engine.store.aliases("github.com/org/app") == original
+        again = await import_jsonl(b.engine, text.getvalue().splitlines())
+        assert again.aliases_added == 0

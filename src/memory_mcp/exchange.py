@@ -1,8 +1,13 @@
 """Lossless export and import: JSONL, every field, archived records and history too.
 
-    {"type": "header", "format": "memory-mcp-export", "version": 1, ...}
+    {"type": "header", "format": "memory-mcp-export", "version": 2, ...}
     {"type": "record", "id": "f_01...", "corpus": "facts", ... every Record field}
     {"type": "conflict", "id": 3, "record_id": "f_...", "other_id": "f_...", ...}
+    {"type": "alias", "alias": "/home/me/app", "key": "github.com/org/app", ...}
+
+Alias lines (version 2) are the scope aliases of the keys the records are stored
+under (``identity``): an import keeps them, detached ones detached, and never
+changes an alias the store already has.
 
 Vectors are not exported (they depend on the embedder, and can be rebuilt):
 import writes each record exactly, then embeds the current ones with the
@@ -20,7 +25,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -28,9 +33,10 @@ from memory_mcp.engine import Engine
 from memory_mcp.errors import InvalidInput
 from memory_mcp.records import Conflict, Record, format_time, utcnow
 from memory_mcp.secret_scan import redact_record
+from memory_mcp.storage.base import ScopeAlias
 
 EXPORT_FORMAT = "memory-mcp-export"
-EXPORT_VERSION = 1
+EXPORT_VERSION = 2  # 2: alias lines
 _IMPORT_BATCH = 500
 
 
@@ -38,6 +44,7 @@ _IMPORT_BATCH = 500
 class ExportSummary:
     records: int
     conflicts: int
+    aliases: int = 0
 
 
 @dataclass(frozen=True)
@@ -47,6 +54,7 @@ class ImportSummary:
     conflicts_added: int
     embedded: int
     awaiting_embedding: int
+    aliases_added: int = 0
 
 
 def open_private(path: Path) -> TextIO:
@@ -81,16 +89,21 @@ async def export_jsonl(engine: Engine, out: TextIO) -> ExportSummary:
     """Write the whole store to ``out``."""
     out.write(header_line() + "\n")
     records = 0
+    keys: set[str] = set()
     async for record in engine.store.iter_records():
         out.write(record_line(record) + "\n")
         records += 1
+        keys.add(record.scope_key)
     conflicts = await engine.store.conflicts()
     for conflict in conflicts:
         out.write(json.dumps({"type": "conflict", **conflict.to_json()}, ensure_ascii=False) + "\n")
-    return ExportSummary(records, len(conflicts))
+    aliases = await engine.store.alias_of(sorted(keys))
+    for alias in aliases.values():
+        out.write(json.dumps({"type": "alias", **asdict(alias)}, ensure_ascii=False) + "\n")
+    return ExportSummary(records, len(conflicts), len(aliases))
 
 
-def parse_export(lines: Iterable[str]) -> tuple[list[Record], list[Conflict]]:
+def parse_export(lines: Iterable[str]) -> tuple[list[Record], list[Conflict], list[ScopeAlias]]:
     """Read an export completely before anything is written.
 
     Raises:
@@ -99,6 +112,7 @@ def parse_export(lines: Iterable[str]) -> tuple[list[Record], list[Conflict]]:
     """
     records: list[Record] = []
     conflicts: list[Conflict] = []
+    aliases: list[ScopeAlias] = []
     seen_header = False
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -123,13 +137,24 @@ def parse_export(lines: Iterable[str]) -> tuple[list[Record], list[Conflict]]:
                 records.append(Record.from_json(data))
             elif kind == "conflict":
                 conflicts.append(Conflict.from_json(data))
+            elif kind == "alias":
+                aliases.append(_alias(data))
             else:
                 raise ValueError(f"unknown line type {kind!r}")
         except (ValueError, KeyError, TypeError) as exc:
             raise InvalidInput(f"line {number}: not a memory-mcp export line ({exc})") from None
     if not seen_header:
         raise InvalidInput("the file is empty; it is not a memory-mcp export")
-    return records, conflicts
+    return records, conflicts, aliases
+
+
+def _alias(data: dict[str, Any]) -> ScopeAlias:
+    fields = {k: data.get(k) for k in ("alias", "key", "attached_at", "detached_at")}
+    if not all(isinstance(fields[k], str) for k in ("alias", "key", "attached_at")):
+        raise ValueError("an alias line needs alias, key and attached_at")
+    if fields["detached_at"] is not None and not isinstance(fields["detached_at"], str):
+        raise ValueError("detached_at must be a time or null")
+    return ScopeAlias(**fields)  # type: ignore[arg-type]
 
 
 async def import_jsonl(
@@ -145,7 +170,7 @@ async def import_jsonl(
         progress: called with (records written, records in the file).
         embed_progress: called with (records embedded, records to embed).
     """
-    records, conflicts = parse_export(lines)
+    records, conflicts, aliases = parse_export(lines)
     if engine.settings.write.secrets != "off":
         records = [redact_record(record)[0] for record in records]
     added = skipped = 0
@@ -165,9 +190,17 @@ async def import_jsonl(
         async with engine.store.write() as tx:
             for conflict in conflicts:
                 conflicts_added += int(await tx.import_conflict(conflict))
+    aliases_added = 0
+    if aliases:
+        async with engine.store.write() as tx:
+            for alias in aliases:
+                if await tx.add_alias(alias.alias, alias.key, alias.attached_at, replace=False):
+                    aliases_added += 1
+                    if alias.detached_at is not None:
+                        await tx.remove_alias(alias.alias, alias.detached_at)
     embedded = 0
     await engine.embeddings.settle()
     if engine.embeddings.ready and added:
         embedded = (await engine.reembed(progress=embed_progress)).embedded
     awaiting = await engine.store.count_needing_embedding(engine.embeddings.identity)
-    return ImportSummary(added, skipped, conflicts_added, embedded, awaiting)
+    return ImportSummary(added, skipped, conflicts_added, embedded, awaiting, aliases_added)

@@ -64,7 +64,8 @@ def import_cmd(
         return
     out.print(
         f"added {summary.records_added} records ({summary.records_skipped} already there), "
-        f"{summary.conflicts_added} conflicts; embedded {summary.embedded}, "
+        f"{summary.conflicts_added} conflicts, {summary.aliases_added} project aliases; "
+        f"embedded {summary.embedded}, "
         f"{summary.awaiting_embedding} awaiting an embedder"
     )
 
