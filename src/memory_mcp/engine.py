@@ -29,7 +29,7 @@ from memory_mcp import ranker
 from memory_mcp.config import LoadedSettings, Settings
 from memory_mcp.embedders.base import Embedder
 from memory_mcp.embedders.runtime import Embeddings
-from memory_mcp.errors import EmbedderError, InvalidInput
+from memory_mcp.errors import EmbedderError, InvalidInput, StorageError
 from memory_mcp.fusion import SearchPlan
 from memory_mcp.identity import ProjectIdentity
 from memory_mcp.passages import record_passages
@@ -170,7 +170,10 @@ class Engine:
         """
         identity = project_identity(cwd)
         if identity.key not in self._adopted:
-            await self.adopt(identity)
+            try:
+                await self.adopt(identity)
+            except StorageError:  # a read-only store still answers, without the aliases
+                log.warning("could not attach %s's earlier keys", identity.key, exc_info=True)
         return Project(identity, tuple(await self.store.aliases(identity.key)))
 
     async def adopt(self, identity: ProjectIdentity) -> list[str]:
