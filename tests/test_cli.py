@@ -3,34 +3,19 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
+from helpers.cli import run
 from helpers.model import MODEL_ENV, model_path
 from helpers.storage import store_url
 from memory_mcp import __version__
-from memory_mcp.cli.app import app
-
-runner = CliRunner()
 
 
 @pytest.fixture
 def with_model(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(MODEL_ENV, str(model_path()))
-
-
-def run(*args: str, cwd: Path | None = None) -> tuple[int, str, str]:
-    old = os.getcwd()
-    if cwd is not None:
-        os.chdir(cwd)
-    try:
-        result = runner.invoke(app, list(args))
-    finally:
-        os.chdir(old)
-    return result.exit_code, result.stdout, result.stderr
 
 
 @pytest.mark.usefixtures("with_model")

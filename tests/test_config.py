@@ -53,6 +53,18 @@ def test_layers_apply_in_order_user_then_project_then_environment(tmp_path: Path
     ]
 
 
+def test_the_project_file_names_the_project_and_only_it_may(tmp_path: Path) -> None:
+    (tmp_path / ".memory-mcp.toml").write_text(
+        '[project]\nid = "acme/app"\n[brief]\nbudget_tokens = 900\n', encoding="utf-8"
+    )
+    loaded = load_settings(project_root=tmp_path, env={})
+    assert loaded.settings.brief.budget_tokens == 900  # project.id is identity's, not a setting
+    user = tmp_path / "user.toml"
+    user.write_text('[project]\nid = "everything"\n', encoding="utf-8")
+    with pytest.raises(ConfigError, match="belongs in its own"):
+        load_settings(env={"MEMORY_MCP_CONFIG": str(user)})
+
+
 def test_one_environment_variable_relocates_the_data_directory(tmp_path: Path) -> None:
     loaded = load_settings(env={"MEMORY_MCP_DATA_DIR": str(tmp_path / "elsewhere")})
     assert loaded.settings.database_path() == tmp_path / "elsewhere" / "memory.db"

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers.git import git, repository
+from helpers.records import fact
 from helpers.storage import open_url, store_place, store_url
 from memory_mcp.embedders.base import FakeEmbedder
 from memory_mcp.errors import InvalidInput
@@ -170,10 +172,62 @@ async def test_push_gives_each_scope_key_its_key_in_the_target(
     memory: MemoryService, tmp_path: Path, storage_url: str, project: Path
 ) -> None:
     await fill(memory, project)
-    key = memory.scope_keys("project", project)[0]
+    key = (await memory.scope_keys("project", project))[0]
     async with memory.engine.beside(store_url(tmp_path, storage_url, "team")) as team:
         await push(memory.engine, team, map_key=lambda k: "github.com/org/app" if k == key else k)
         keys = {record.scope_key async for record in team.store.iter_records()}
         conflicts = await team.store.conflicts()
     assert keys == {"github.com/org/app", ""}
     assert [c.scope_key for c in conflicts] == ["github.com/org/app"]
+
+
+async def test_project_aliases_travel_with_an_export_detached_ones_detached(
+    tmp_path: Path, storage_url: str
+) -> None:
+    settings, database = store_place(tmp_path, storage_url, "a")
+    async with MemoryService.open(settings, database=database, embedder=FakeEmbedder()) as a:
+        async with a.engine.store.write() as tx:
+            await tx.insert(fact("Old fact one", scope_key="/old/app"), None)
+            await tx.insert(fact("Old fact two", scope_key="/old/app-wt"), None)
+            await tx.add_alias("/old/app", "github.com/org/app", "2026-01-01T00:00:00.000000Z")
+            await tx.add_alias("/old/app-wt", "github.com/org/app", "2026-01-02T00:00:00.000000Z")
+            await tx.remove_alias("/old/app-wt", "2026-01-03T00:00:00.000000Z")
+        text = io.StringIO()
+        summary = await export_jsonl(a.engine, text)
+        original = await a.engine.store.aliases("github.com/org/app")
+    assert summary.aliases == 2
+    settings, database = store_place(tmp_path, storage_url, "b")
+    async with MemoryService.open(settings, database=database, embedder=FakeEmbedder()) as b:
+        added = await import_jsonl(b.engine, text.getvalue().splitlines())
+        assert added.aliases_added == 2
+        assert await b.engine.store.aliases("github.com/org/app") == original
+        again = await import_jsonl(b.engine, text.getvalue().splitlines())
+        assert again.aliases_added == 0
+
+
+async def test_push_takes_each_project_to_its_portable_key(
+    memory: MemoryService, tmp_path: Path, storage_url: str
+) -> None:
+    repo = repository(tmp_path / "repo", origin="git@github.com:org/app.git")
+    gone = str(tmp_path / "deleted-checkout")  # a path key whose folder is gone stays as it is
+    async with memory.engine.store.write() as tx:  # as the code before identities wrote them
+        await tx.insert(
+            fact("The gateway times out after 30 s", scope_key=str(repo.resolve())), None
+        )
+        await tx.insert(fact("Old notes", scope_key=gone), None)
+    await memory.store("Prefer short answers", scope="global", cwd=repo)
+    team = store_url(tmp_path, storage_url, "team")
+    summary = await memory.push(team)
+    assert summary.records_added == 3
+    async with open_url(team) as theirs:
+        keys = {r.content: r.scope_key async for r in theirs.engine.store.iter_records()}
+        assert keys == {
+            "The gateway times out after 30 s": "github.com/org/app",
+            "Old notes": gone,
+            "Prefer short answers": "",
+        }
+        clone = tmp_path / "teammate"  # another machine's clone finds it under the same key
+        git(tmp_path, "clone", "-q", str(repo), str(clone))
+        git(clone, "remote", "set-url", "origin", "https://github.com/org/app")
+        found = await theirs.search("gateway timeout", cwd=clone)
+        assert [h.record.content for h in found.hits] == ["The gateway times out after 30 s"]

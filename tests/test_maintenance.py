@@ -19,7 +19,9 @@ from typing import Any
 import anyio
 import pytest
 
+from helpers.git import repository
 from helpers.processes import Workers, release
+from helpers.records import fact
 from helpers.storage import store_place, store_url
 from helpers.waiting import eventually
 from memory_mcp import maintenance
@@ -208,6 +210,29 @@ async def test_staleness_archives_unused_facts_of_dormant_projects_only(
     assert (await memory.get(unused.id)).archived_reason == "dormant"
     for kept in (used, busy, pinned):
         assert (await memory.get(kept.id)).current
+
+
+async def test_an_alias_of_an_active_project_is_not_dormant_and_folds_with_it(
+    memory: MemoryService, tmp_path: Path, clock: Clock
+) -> None:
+    repo = repository(tmp_path / "git-repo")
+    old_key = str(repo.resolve())  # the key the project had before identities
+    earlier = fact("The staging database is called pigeon_stage", at=clock.now, scope_key=old_key)
+    async with memory.engine.store.write() as tx:
+        await tx.insert(earlier, None)
+    await memory.store("Release notes go in CHANGELOG.md", cwd=repo)  # under the new key
+    assert (await memory.project(repo)).scope.aliases == (old_key,)
+    clock.advance(days=100)
+    await memory.store("The frontend builds with vite", cwd=repo)  # the project is active
+    [report] = await Maintenance(memory.engine).run(["staleness"])
+    assert report.counts == {}
+    assert (await memory.get(earlier.id)).current
+    key = (await memory.project(repo)).key
+    repeat = fact("The staging database is called pigeon_stage", at=clock.now, scope_key=key)
+    async with memory.engine.store.write() as tx:  # a repeat the write path did not see
+        await tx.insert(repeat, None)
+    _, report = await Maintenance(memory.engine).run(["reembed", "consolidate"])
+    assert report.counts.get("folded") == 1
 
 
 async def test_staleness_is_off_with_a_negative_dormant_days(

@@ -14,7 +14,6 @@ from pathlib import Path
 from memory_mcp.engine import Engine
 from memory_mcp.errors import InvalidInput, NotFound
 from memory_mcp.records import Record, format_time, without_surrogates
-from memory_mcp.scope import project_scope
 from memory_mcp.write import clean_text
 
 _BATCH = 200  # records per transaction
@@ -46,7 +45,7 @@ async def forget(
     if (
         record is not None
         and not anywhere
-        and record.scope_key not in engine.scope_keys("all", cwd)
+        and record.scope_key not in await engine.scope_keys("all", cwd)
     ):
         record = None
     if record is None:
@@ -98,15 +97,16 @@ async def archive_project(engine: Engine, cwd: str | Path | None, *, dry_run: bo
     History goes too, so the purge leaves nothing of the project behind once the
     grace window ends; ``restore`` brings any of it back until then.
     """
-    scope_key = project_scope(cwd).key
+    keys = (await engine.project(cwd)).keys
     if dry_run:
-        return await engine.store.count_unarchived(scope_key)
+        return sum([await engine.store.count_unarchived(key) for key in keys])
     archived = 0
     at = format_time(engine.clock())
-    while batch := await engine.store.unarchived(scope_key, _BATCH):
-        async with engine.store.write() as tx:
-            for record_id in batch:
-                archived += await tx.archive(record_id, "project-done", at)
+    for key in keys:
+        while batch := await engine.store.unarchived(key, _BATCH):
+            async with engine.store.write() as tx:
+                for record_id in batch:
+                    archived += await tx.archive(record_id, "project-done", at)
     return archived
 
 

@@ -643,7 +643,13 @@ def load_settings(
 
     user_file = user_config_path(env)
     if user_file.is_file():
-        _merge(merged, _read_toml(user_file))
+        data = _read_toml(user_file)
+        if "project" in data:
+            raise ConfigError(
+                f"{user_file} sets project; a project's id belongs in its own "
+                f"{PROJECT_CONFIG_NAME} (the [project] section), not in the user config file"
+            )
+        _merge(merged, data)
         sources.append(str(user_file))
     elif env.get(USER_CONFIG_ENV):
         raise ConfigError(f"{USER_CONFIG_ENV} names {user_file}, which is not a file")
@@ -652,6 +658,7 @@ def load_settings(
         project_file = project_root / PROJECT_CONFIG_NAME
         if project_file.is_file():
             data = _read_toml(project_file)
+            data.pop("project", None)  # the project's identity: read by identity.identify
             refused = sorted(k for k in data if k not in PROJECT_SECTIONS)
             if refused:
                 raise ConfigError(

@@ -27,11 +27,12 @@ from memory_mcp import ranker
 from memory_mcp.config import LoadedSettings, Settings, replaced
 from memory_mcp.embedders.base import Embedder
 from memory_mcp.embedders.runtime import Embeddings
-from memory_mcp.errors import EmbedderError, InvalidInput
+from memory_mcp.errors import EmbedderError, InvalidInput, StorageError
 from memory_mcp.fusion import SearchPlan
+from memory_mcp.identity import ProjectIdentity
 from memory_mcp.passages import record_passages
-from memory_mcp.records import utcnow
-from memory_mcp.scope import GLOBAL_KEY, project_scope
+from memory_mcp.records import format_time, utcnow
+from memory_mcp.scope import GLOBAL_KEY, Project, project_identity
 from memory_mcp.storage.base import Store, Vector
 from memory_mcp.storage.factory import open_store
 
@@ -70,6 +71,7 @@ class Engine:
         self.clock = clock
         self.sources = list(sources)  # where the settings came from (``status``)
         self._awaiting: tuple[float, int] = (-_AWAITING_TTL_S * 2, 0)
+        self._adopted: set[str] = set()  # project keys whose earlier keys were looked at
         self.plan = SearchPlan(
             candidates=settings.search.candidates,
             lexical_weight=settings.search.lexical_weight,
@@ -156,14 +158,81 @@ class Engine:
         not off): search hits, the records they name, the brief."""
         return self.plan.redact
 
-    def scope_keys(self, scope: SearchScope, cwd: str | Path | None) -> tuple[str, ...]:
-        """The scope keys a search reads: the project's, the global one, or both."""
+    async def scope_keys(self, scope: SearchScope, cwd: str | Path | None) -> tuple[str, ...]:
+        """The scope keys a search reads: the project's (with its aliases), the global
+        one, or both."""
         if scope == "global":
             return (GLOBAL_KEY,)
         if scope not in ("project", "all"):
             raise InvalidInput(f"scope must be 'project', 'global' or 'all', got {scope!r}")
-        project = project_scope(cwd).key
-        return (project,) if scope == "project" else (project, GLOBAL_KEY)
+        keys = (await self.project(cwd)).keys
+        return keys if scope == "project" else (*keys, GLOBAL_KEY)
+
+    # Projects and their aliases ------------------------------------------------------
+
+    async def project(self, cwd: str | Path | None) -> Project:
+        """The project of ``cwd``: its identity and aliases.
+
+        The first time a process meets a project, the keys it had before its
+        identity (``ProjectIdentity.earlier``: its worktrees' paths, the keys of
+        the lower rules) that hold records become its aliases (``adopt``).
+        """
+        identity = project_identity(cwd)
+        if identity.key not in self._adopted:
+            try:
+                await self.adopt(identity)
+            except StorageError:  # a read-only store still answers, without the aliases
+                log.warning("could not attach %s's earlier keys", identity.key, exc_info=True)
+        return Project(identity, tuple(await self.store.aliases(identity.key)))
+
+    async def adopt(self, identity: ProjectIdentity) -> list[str]:
+        """Attach the project's earlier keys that hold records as its aliases; which.
+
+        A key that already has an alias row (attached anywhere, or detached by an
+        operator) is left as it is. The aliases of an adopted key move with it,
+        so no alias ever names another alias.
+        """
+        self._adopted.add(identity.key)
+        earlier = [k for k in identity.earlier if k != GLOBAL_KEY]
+        known = await self.store.alias_of(earlier) if earlier else {}
+        fresh: list[tuple[str, list[str]]] = []
+        for key in earlier:
+            if key in known:
+                continue
+            moved = [a.alias for a in await self.store.aliases(key) if a.attached]
+            if moved or await self.store.count_unarchived(key):
+                fresh.append((key, moved))
+        if not fresh:
+            return []
+        at = format_time(self.clock())
+        adopted: list[str] = []
+        async with self.store.write() as tx:
+            for key, moved in fresh:
+                if await tx.add_alias(key, identity.key, at, replace=False):
+                    adopted.append(key)
+                    for alias in moved:
+                        await tx.add_alias(alias, identity.key, at)
+        if adopted:
+            log.info("project %s: earlier keys now read as its own: %s", identity.key, adopted)
+        return adopted
+
+    async def same_scope(self, scope_key: str) -> tuple[str, ...]:
+        """Every key read as the same scope as a stored record's ``scope_key``: its
+        project's key, then that key's attached aliases."""
+        if scope_key == GLOBAL_KEY:
+            return (GLOBAL_KEY,)
+        row = (await self.store.alias_of([scope_key])).get(scope_key)
+        key = row.key if row is not None and row.attached else scope_key
+        return (key, *(a.alias for a in await self.store.aliases(key) if a.attached))
+
+    async def projects_of(self, scope_keys: Sequence[str]) -> dict[str, list[str]]:
+        """Scope keys grouped by the key they are read as (an alias by its project's)."""
+        rows = await self.store.alias_of(scope_keys)
+        groups: dict[str, list[str]] = {}
+        for key in scope_keys:
+            row = rows.get(key)
+            groups.setdefault(row.key if row is not None and row.attached else key, []).append(key)
+        return groups
 
     # Embedding -----------------------------------------------------------------------
 
@@ -293,6 +362,6 @@ class Engine:
             await self.embeddings.wait_settled(120)
             identity = self.embeddings.identity
             if identity is not None:
-                await self.store.load_vectors(identity, self.scope_keys("all", cwd))
+                await self.store.load_vectors(identity, await self.scope_keys("all", cwd))
         except Exception:
             log.warning("could not load the vectors ahead of use", exc_info=True)

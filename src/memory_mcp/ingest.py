@@ -184,9 +184,9 @@ class _Reader(Protocol):
     async def current(self, filters: Filters, limit: int) -> list[Record]: ...
 
 
-async def _stored_chunks(reader: _Reader, scope_key: str) -> dict[str, list[Record]]:
-    """The current knowledge chunks of a scope, grouped by their file's path."""
-    filters = Filters(scope_keys=(scope_key,), corpora=("knowledge",), kinds=("chunk",))
+async def _stored_chunks(reader: _Reader, scope: Scope) -> dict[str, list[Record]]:
+    """The current knowledge chunks of a scope (its aliases too), grouped by file path."""
+    filters = Filters(scope_keys=scope.keys, corpora=("knowledge",), kinds=("chunk",))
     limit = _PAGE
     records = await reader.current(filters, limit)
     while len(records) >= limit:
@@ -227,7 +227,7 @@ async def ingest(
 
     Args:
         engine: the open engine.
-        root: the project root, already resolved; its path is the scope key.
+        root: the project root, already resolved (the scope key is its identity's).
         paths: files or directories, absolute or relative to ``root``.
         agent: recorded as the chunks' author.
         progress: called after each file with (files done, files in all).
@@ -237,9 +237,9 @@ async def ingest(
             ``root`` is not a directory; nothing was written.
         NotFound: an explicit path does not exist; nothing was written.
     """
-    scope = Scope.project(root)
+    scope = (await engine.project(root)).scope
     found = await anyio.to_thread.run_sync(_discover, root, tuple(paths))
-    stored = await _stored_chunks(engine.store, scope.key)
+    stored = await _stored_chunks(engine.store, scope)
     summary = IngestSummary(files=len(found.files), skipped=list(found.skipped))
     gone = await anyio.to_thread.run_sync(_gone, found, list(stored), bool(paths))
     return await _ingest_files(engine, scope, found.files, stored, gone, summary, agent, progress)
@@ -273,7 +273,7 @@ async def _ingest_files(
         if progress is not None:
             progress(done, summary.files)
     if gone:
-        removed_files, archived = await _archive_paths(engine, scope.key, gone, REMOVED_REASON)
+        removed_files, archived = await _archive_paths(engine, scope, gone, REMOVED_REASON)
         summary.removed += removed_files
         summary.chunks_archived += archived
     summary.embedded = summary.chunks_added > 0 and all_embedded
@@ -309,7 +309,7 @@ async def ingest_agent_memories(
     CLAUDE.md / AGENTS.md / GEMINI.md come in through ``ingest`` itself, without
     the block ``inject`` writes.
     """
-    scope = Scope.project(root)
+    scope = (await engine.project(root)).scope
     folder = folder or claude_memory_folder(root, home)
     prefix = f"{AGENT_MEMORY_PREFIX}claude/"
     files: dict[str, Path] = {}
@@ -317,7 +317,7 @@ async def ingest_agent_memories(
         for path in sorted(folder.rglob("*.md")):
             if path.is_file() and not any(_hidden(part) for part in path.relative_to(folder).parts):
                 files[prefix + path.relative_to(folder).as_posix()] = path
-    stored = await _stored_chunks(engine.store, scope.key)
+    stored = await _stored_chunks(engine.store, scope)
     gone = [rel for rel in stored if rel.startswith(prefix) and rel not in files]
     summary = IngestSummary(files=len(files))
     return await _ingest_files(engine, scope, files, stored, gone, summary, agent, progress)
@@ -393,7 +393,7 @@ async def _ingest_file(
     outcome = _Outcome(written=True, embedded=vectors is not None or not drafts)
     async with engine.store.write() as tx:
         # Read again under the write lock: another process may have ingested meanwhile.
-        live = (await _stored_chunks(tx, scope.key)).get(rel, [])
+        live = (await _stored_chunks(tx, scope)).get(rel, [])
         if _same_file(live, digest):
             return _Outcome()
         for record in live:
@@ -456,20 +456,18 @@ async def _skip(
     """A file that cannot be indexed any more: its old chunks, if any, are archived."""
     archived = 0
     if old:
-        _, archived = await _archive_paths(
-            engine, scope.key, [rel], f"source file skipped: {reason}"
-        )
+        _, archived = await _archive_paths(engine, scope, [rel], f"source file skipped: {reason}")
     return _Outcome(archived=archived, skipped=reason)
 
 
 async def _archive_paths(
-    engine: Engine, scope_key: str, paths: Sequence[str], reason: str
+    engine: Engine, scope: Scope, paths: Sequence[str], reason: str
 ) -> tuple[int, int]:
     """Archive the current chunks of ``paths``: (files that had chunks, chunks archived)."""
     stamp = format_time(engine.clock())
     files = archived = 0
     async with engine.store.write() as tx:
-        live = await _stored_chunks(tx, scope_key)
+        live = await _stored_chunks(tx, scope)
         for path in paths:
             count = 0
             for record in live.get(path, []):

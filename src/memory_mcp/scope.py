@@ -1,7 +1,9 @@
 """Scopes: which project a record belongs to.
 
-A ``project`` scope is keyed by the project root: the real path of the git
-top-level of the working directory, else the real path of the directory itself.
+A ``project`` scope is keyed by the project's identity (``identity.identify``:
+its ``project.id``, else its ``origin`` remote, else its common git directory,
+else the real path of the directory). Its *root*, where spawn files and ingest
+act, is the git top-level of the working directory, else the directory itself.
 The ``global`` scope has the key ``""`` and is only ever written when a caller
 asks for it by name.
 """
@@ -9,12 +11,17 @@ asks for it by name.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from memory_mcp.errors import InvalidInput
+from memory_mcp.identity import ProjectIdentity, find_root, identify
 from memory_mcp.records import without_surrogates
+
+if TYPE_CHECKING:
+    from memory_mcp.storage.base import ScopeAlias
 
 ScopeName = Literal["project", "global"]
 GLOBAL_KEY = ""
@@ -22,18 +29,45 @@ GLOBAL_KEY = ""
 
 @dataclass(frozen=True)
 class Scope:
-    """A scope and its key."""
+    """A scope, its key, and the aliases read as that key (earlier keys of a project)."""
 
     name: ScopeName
     key: str
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """Every key whose records belong to this scope: its own, then its aliases."""
+        return (self.key, *self.aliases)
 
     @classmethod
-    def project(cls, root: str | Path) -> Scope:
-        return cls("project", str(root))
+    def project(cls, key: str | Path, aliases: Sequence[str] = ()) -> Scope:
+        return cls("project", str(key), tuple(aliases))
 
     @classmethod
     def global_(cls) -> Scope:
         return cls("global", GLOBAL_KEY)
+
+
+@dataclass(frozen=True)
+class Project:
+    """A project as the store knows it: its identity and its aliases."""
+
+    identity: ProjectIdentity
+    aliases: tuple[ScopeAlias, ...] = ()  # attached and detached, oldest first
+
+    @property
+    def key(self) -> str:
+        return self.identity.key
+
+    @property
+    def scope(self) -> Scope:
+        """Its scope: the key new records go under, and the attached aliases read with it."""
+        return Scope.project(self.key, [a.alias for a in self.aliases if a.attached])
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return self.scope.keys
 
 
 def resolve_cwd(cwd: str | Path | None) -> Path:
@@ -65,13 +99,20 @@ def project_root(cwd: str | Path | None = None) -> Path:
     it is reached. Walking up for ``.git`` (a directory, or a file in worktrees
     and submodules) gives git's own answer without spawning git.
     """
-    start = Path(os.path.realpath(resolve_cwd(cwd)))
-    for candidate in (start, *start.parents):
-        if (candidate / ".git").exists():
-            return candidate
-    return start
+    return find_root(Path(os.path.realpath(resolve_cwd(cwd))))[0]
+
+
+def project_identity(cwd: str | Path | None = None) -> ProjectIdentity:
+    """Which project ``cwd`` belongs to: its key, how it was found, its root.
+
+    Raises:
+        InvalidInput: ``cwd`` is not an absolute, existing directory.
+        ConfigError: the project's ``.memory-mcp.toml`` is unreadable or its
+            ``project.id`` unusable.
+    """
+    return identify(Path(os.path.realpath(resolve_cwd(cwd))))
 
 
 def project_scope(cwd: str | Path | None = None) -> Scope:
-    """The project scope of ``cwd``."""
-    return Scope.project(project_root(cwd))
+    """The project scope of ``cwd`` (keyed by its identity, not its path)."""
+    return Scope.project(project_identity(cwd).key)

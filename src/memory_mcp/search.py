@@ -92,7 +92,7 @@ async def search(
             "swap them or leave one out"
         )
     filters = Filters(
-        scope_keys=engine.scope_keys(scope, cwd),
+        scope_keys=await engine.scope_keys(scope, cwd),
         corpora=tuple(corpora),
         kinds=tuple(kinds),
         tags=tuple(without_surrogates(t).strip().casefold() for t in tags if t.strip()),
@@ -131,7 +131,7 @@ async def project_search(
     """
     text = _query_text(query)
     _check_limit(limit, MAX_SEARCH_LIMIT)
-    keys = engine.scope_keys("all", cwd)
+    keys = await engine.scope_keys("all", cwd)
     branches = [(c, Filters(scope_keys=keys, corpora=(c,))) for c in PROJECT_CORPORA]
     query_vector, found, warnings = await _fan_out(engine, text, branches)
     at = engine.clock()
@@ -175,7 +175,7 @@ async def unified_search(
         )
     if isinstance(threshold, bool) or not 0 <= threshold <= 1:
         raise InvalidInput(f"threshold must be a number from 0 to 1, got {threshold!r}")
-    keys = engine.scope_keys("all", cwd)
+    keys = await engine.scope_keys("all", cwd)
     branches = [
         (source, Filters(scope_keys=keys, corpora=UNIFIED_SOURCES[source]))
         for source in dict.fromkeys(chosen)

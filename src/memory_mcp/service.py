@@ -21,13 +21,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, TextIO
 
-from memory_mcp import archive, search
+from memory_mcp import archive, projects, search
 from memory_mcp.config import LoadedSettings, Settings
 from memory_mcp.embedders.base import Embedder
 from memory_mcp.embedders.runtime import EmbedderStatus
 from memory_mcp.engine import Clock, Engine, ReembedSummary, SearchScope
 from memory_mcp.errors import InvalidInput, NotFound
 from memory_mcp.records import Conflict, Corpus, Record, SearchResult, StoreResult, utcnow
+from memory_mcp.scope import Project
 from memory_mcp.search import MAX_SEARCH_LIMIT, UNIFIED_CONTENT_CAP, UnifiedItem, UnifiedResult
 from memory_mcp.storage.base import Diagnosis, StoreStats, TaskState
 from memory_mcp.write import StoreRequest, store_many, store_valid
@@ -107,9 +108,28 @@ class MemoryService:
         """Where the store is: its file, or its URL without credentials."""
         return self.engine.store.location
 
-    def scope_keys(self, scope: SearchScope, cwd: str | Path | None) -> tuple[str, ...]:
-        """The scope keys a search reads: the project's, the global one, or both."""
-        return self.engine.scope_keys(scope, cwd)
+    async def scope_keys(self, scope: SearchScope, cwd: str | Path | None) -> tuple[str, ...]:
+        """The scope keys a search reads: the project's (with its aliases), the global
+        one, or both."""
+        return await self.engine.scope_keys(scope, cwd)
+
+    # Projects -------------------------------------------------------------------------
+
+    async def project(self, cwd: str | Path | None = None) -> Project:
+        """The project of ``cwd``: its key, how it was found, its aliases."""
+        return await self.engine.project(cwd)
+
+    async def adopt(self, cwd: str | Path | None = None) -> tuple[Project, list[str]]:
+        """Attach the project's earlier keys that hold records (``projects.adopt``)."""
+        return await projects.adopt(self.engine, cwd)
+
+    async def attach_alias(self, alias: str, cwd: str | Path | None = None) -> Project:
+        """Read an earlier key's records as this project's (``projects.attach``)."""
+        return await projects.attach(self.engine, alias, cwd)
+
+    async def detach_alias(self, alias: str, cwd: str | Path | None = None) -> Project:
+        """Stop reading an alias's records as this project's (``projects.detach``)."""
+        return await projects.detach(self.engine, alias, cwd)
 
     async def wait_for_model(self, seconds: float, say: Callable[[str], None]) -> None:
         """Wait up to ``seconds`` for a model that is still loading (downloading),

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from memory_mcp.records import Hit, Record, SearchResult, StoreResult
+from memory_mcp.scope import Project
 
 # Characters of a related record's text a hit's meta carries.
 RELATED_CHARS = 300
@@ -75,4 +76,20 @@ def forgotten(record: Record) -> dict[str, Any]:
         "id": record.id,
         "archived_at": record.archived_at or "",
         "reason": record.archived_reason or "",
+    }
+
+
+def project(found: Project) -> dict[str, Any]:
+    """A project's identity: its key, which rule found it from what, its root on disk,
+    and its aliases (detached ones stay listed, with when)."""
+    identity = found.identity
+    return {
+        "key": identity.key,
+        "how": identity.how,
+        "source": identity.source,
+        "root": str(identity.root),
+        "aliases": [
+            {"alias": a.alias, "attached_at": a.attached_at, "detached_at": a.detached_at}
+            for a in found.aliases
+        ],
     }

@@ -42,7 +42,7 @@ from memory_mcp.records import (
     format_time,
     without_surrogates,
 )
-from memory_mcp.scope import Scope, project_scope
+from memory_mcp.scope import Scope
 from memory_mcp.secret_scan import redact, redact_text
 from memory_mcp.storage.base import Filters, Neighbours, Vector, WriteTransaction
 
@@ -89,6 +89,7 @@ class Draft:
     record: Record
     redactions: list[Redaction] = field(default_factory=list)
     scanned: bool = True  # write.secrets is not "off": what the result shows is redacted too
+    scope_keys: tuple[str, ...] = ()  # the keys of its scope: its own, then its aliases
 
     @property
     def corpus(self) -> Corpus:
@@ -158,7 +159,7 @@ def prepare(
         importance=importance,
         pinned=pinned,
     )
-    return Draft(record, redactions, scanned=settings.secrets != "off")
+    return Draft(record, redactions, scanned=settings.secrets != "off", scope_keys=scope.keys)
 
 
 def _tags(tags: Sequence[str]) -> list[str]:
@@ -200,7 +201,10 @@ async def apply(
     record = draft.record
     if vectors is not None and embedder is not None:
         record.embedder = embedder
-    same_corpus = Filters(scope_keys=(record.scope_key,), corpora=(record.corpus,))
+    # A duplicate stored under one of the project's aliases folds like any other.
+    same_corpus = Filters(
+        scope_keys=draft.scope_keys or (record.scope_key,), corpora=(record.corpus,)
+    )
     result = StoreResult(
         id=record.id,
         action="inserted",
@@ -394,7 +398,8 @@ async def store_many(
     Raises:
         InvalidInput: an item is unusable (nothing was written).
     """
-    drafts = [_draft(engine, request, engine.clock()) for request in requests]
+    scopes = _Scopes(engine)
+    drafts = [await _draft(engine, request, engine.clock(), scopes) for request in requests]
     results = await _store_drafts(engine, drafts, progress)
     return [r for r in results if isinstance(r, StoreResult)]
 
@@ -408,9 +413,10 @@ async def store_valid(
     """Like ``store_many``, but an unusable item is skipped: its place holds the error."""
     drafts: list[Draft | InvalidInput] = []
     now = engine.clock()
+    scopes = _Scopes(engine)
     for request in requests:
         try:
-            drafts.append(_draft(engine, request, now))
+            drafts.append(await _draft(engine, request, now, scopes))
         except InvalidInput as exc:
             drafts.append(exc)
     return await _store_drafts(engine, drafts, progress)
@@ -426,7 +432,7 @@ async def _store_drafts(
     vector_of = dict(zip((id(d) for d in drafts), vectors or [], strict=False))
     identity = engine.embeddings.identity if vectors is not None else None
     if identity is not None:  # load the scopes' vectors before taking the write lock
-        await engine.store.load_vectors(identity, {d.record.scope_key for d in drafts})
+        await engine.store.load_vectors(identity, {k for d in drafts for k in d.scope_keys})
     stamp = format_time(engine.clock())
     results: list[StoreResult | InvalidInput] = []
     for start in range(0, len(items), _COMMIT_BATCH):
@@ -451,10 +457,23 @@ async def _store_drafts(
     return results
 
 
-def _draft(engine: Engine, request: StoreRequest, now: datetime) -> Draft:
+class _Scopes:
+    """The project scope of each working directory of one call, resolved once."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.known: dict[str | Path | None, Scope] = {}
+
+    async def of(self, cwd: str | Path | None) -> Scope:
+        if cwd not in self.known:
+            self.known[cwd] = (await self.engine.project(cwd)).scope
+        return self.known[cwd]
+
+
+async def _draft(engine: Engine, request: StoreRequest, now: datetime, scopes: _Scopes) -> Draft:
     if request.scope not in ("project", "global"):
         raise InvalidInput(f"scope must be 'project' or 'global', got {request.scope!r}")
-    scope = Scope.global_() if request.scope == "global" else project_scope(request.cwd)
+    scope = Scope.global_() if request.scope == "global" else await scopes.of(request.cwd)
     return prepare(
         request.content,
         kind=request.kind,

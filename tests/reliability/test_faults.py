@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers.git import repository
+from helpers.records import fact
 from helpers.storage import store_place
 from memory_mcp.errors import StorageError
 from memory_mcp.service import MemoryService, StoreRequest
@@ -50,6 +52,19 @@ async def test_a_read_only_store_refuses_writes_clearly_and_still_answers(
         await memory.store("Another fact about the deploy job", cwd=project)
     hits = (await memory.search("staging database", cwd=project)).hits  # uncounted, not lost
     assert [h.record.content for h in hits] == ["The staging database is called pigeon_stage"]
+
+
+@pytest.mark.sqlite_only  # SQLite's query_only plays the read-only file
+async def test_a_read_only_store_still_answers_a_project_whose_old_keys_it_cannot_attach(
+    memory: MemoryService, tmp_path: Path
+) -> None:
+    repo = repository(tmp_path / "git-repo")
+    old = fact("The staging database is called pigeon_stage", scope_key=str(repo.resolve()))
+    async with memory.engine.store.write() as tx:
+        await tx.insert(old, None)
+    await memory.engine.store._writer.execute("PRAGMA query_only = 1")  # as a read-only file would
+    assert (await memory.project(repo)).scope.aliases == ()  # not attached, and no error
+    assert (await memory.brief(repo)).ids == []  # the brief answers (without the old keys)
 
 
 @pytest.mark.parametrize("state", ["broken", "missing"])

@@ -301,3 +301,63 @@ async def test_a_scratch_copy_is_the_store_of_its_moment_and_leaves_no_trace(
         await insert(copy, record("only in the copy"))
         assert len(await copy.current(FACTS, 10)) == 2
     assert [r.id for r in await store.current(FACTS, 10)] == [kept.id]
+
+
+# Scope aliases -------------------------------------------------------------------------
+
+
+async def test_an_alias_is_attached_listed_and_detached(store: Store) -> None:
+    at, later = format_time(NOW), format_time(NOW + timedelta(hours=1))
+    assert await store.aliases("github.com/org/app") == []
+    assert await store.alias_of(["/old/app", "/other"]) == {}
+    async with store.write() as tx:
+        assert await tx.add_alias("/old/app", "github.com/org/app", at)
+        assert await tx.add_alias("/old/app-feature", "github.com/org/app", later)
+        assert not await tx.add_alias("/old/app", "github.com/org/app", later)  # no change
+    listed = await store.aliases("github.com/org/app")
+    assert [(a.alias, a.attached_at, a.attached) for a in listed] == [
+        ("/old/app", at, True),
+        ("/old/app-feature", later, True),
+    ]
+    found = await store.alias_of(["/old/app", "/other"])
+    assert list(found) == ["/old/app"] and found["/old/app"].key == "github.com/org/app"
+
+    async with store.write() as tx:
+        assert await tx.remove_alias("/old/app", later)
+        assert not await tx.remove_alias("/old/app", later)  # already detached
+        assert not await tx.remove_alias("/never", later)
+    detached = (await store.alias_of(["/old/app"]))["/old/app"]
+    assert (detached.attached, detached.detached_at) == (False, later)
+    assert [a.alias for a in await store.aliases("github.com/org/app") if a.attached] == [
+        "/old/app-feature"
+    ]
+
+
+async def test_adoption_leaves_a_detached_alias_alone_and_attaching_by_hand_restores_it(
+    store: Store,
+) -> None:
+    at = format_time(NOW)
+    async with store.write() as tx:
+        await tx.add_alias("/old/app", "github.com/org/app", at)
+        await tx.remove_alias("/old/app", at)
+        assert not await tx.add_alias("/old/app", "github.com/org/app", at, replace=False)
+        assert not await tx.add_alias("/old/app", "acme/app", at, replace=False)
+    assert not (await store.alias_of(["/old/app"]))["/old/app"].attached
+    async with store.write() as tx:
+        assert await tx.add_alias("/old/app", "acme/app", at)  # by hand: attached again
+        assert await tx.add_alias("/new/alias", "acme/app", at, replace=False)
+    row = (await store.alias_of(["/old/app"]))["/old/app"]
+    assert (row.key, row.attached) == ("acme/app", True)
+    assert {a.alias for a in await store.aliases("acme/app")} == {"/old/app", "/new/alias"}
+    assert await store.aliases("github.com/org/app") == []
+
+
+async def test_aliases_roll_back_with_their_transaction(store: Store) -> None:
+    async def attach_then_fail() -> None:
+        async with store.write() as tx:
+            await tx.add_alias("/old/app", "github.com/org/app", format_time(NOW))
+            raise RuntimeError("stop")
+
+    with pytest.raises(RuntimeError):
+        await attach_then_fail()
+    assert await store.alias_of(["/old/app"]) == {}

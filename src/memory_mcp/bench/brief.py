@@ -23,7 +23,7 @@ from typing import Any
 from memory_mcp.agents.inject import inject
 from memory_mcp.config import Settings
 from memory_mcp.records import Corpus, Record, format_time, utcnow
-from memory_mcp.scope import project_root
+from memory_mcp.scope import project_scope
 from memory_mcp.service import MemoryService
 from memory_mcp.write import new_id
 
@@ -87,7 +87,7 @@ class BriefBench:
 async def populate(memory: MemoryService, root: Path, facts: int, seed: int = 5) -> None:
     rng = random.Random(seed)
     now = utcnow()
-    key = str(project_root(root))
+    key = project_scope(root).key
     batch: list[Record] = []
 
     def record(corpus: Corpus, kind: str, content: str, days: float) -> Record:

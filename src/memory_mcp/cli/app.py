@@ -11,7 +11,7 @@ import typer
 
 from memory_mcp import __version__
 from memory_mcp.bench.cli import bench_app
-from memory_mcp.cli import agents, memories, serve, status, team, transfer, upkeep
+from memory_mcp.cli import agents, memories, projects, serve, status, team, transfer, upkeep
 from memory_mcp.cli.base import err, out
 
 app = typer.Typer(
@@ -70,6 +70,10 @@ app.command()(transfer.ingest)
 app.command()(upkeep.reembed)
 app.add_typer(upkeep.conflicts_app, name="conflicts")
 app.add_typer(upkeep.project_app, name="project")
+upkeep.project_app.command("show")(projects.show)
+upkeep.project_app.command("attach")(projects.attach)
+upkeep.project_app.command("detach")(projects.detach)
+upkeep.project_app.command("adopt")(projects.adopt)
 app.command()(upkeep.maintain)
 app.command()(upkeep.archived)
 app.command()(upkeep.restore)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from datetime import UTC, datetime
+from typing import Any
 
+from memory_mcp import views
 from memory_mcp.cli.base import (
     CwdOption,
     JsonOption,
@@ -14,6 +16,7 @@ from memory_mcp.cli.base import (
     short,
     with_memory,
 )
+from memory_mcp.cli.projects import HOW
 from memory_mcp.cli.upkeep import Task
 from memory_mcp.records import format_time
 from memory_mcp.scope import project_root
@@ -25,18 +28,19 @@ STATES = ("current", "history", "archived")
 def status(cwd: CwdOption = None, as_json: JsonOption = False) -> None:
     """Show the storage backend and its size, the embedder (effective / configured), counts."""
 
-    async def use(memory: MemoryService) -> Status:
-        return await memory.status()
+    async def use(memory: MemoryService) -> tuple[Status, dict[str, Any]]:
+        return await memory.status(), views.project(await memory.project(cwd))
 
     from memory_mcp.agents.install import inspect
 
-    info = with_memory(cwd, use, embeds=False, probe=True)
+    info, identity = with_memory(cwd, use, embeds=False, probe=True)
     root = project_root(cwd)
     project = str(root)
     agents = inspect(root)
     if as_json:
         data = asdict(info)
         data["project"] = project
+        data["identity"] = identity
         data["stats"]["records"] = [
             {"corpus": c, "scope": s, "state": st, "count": n}
             for (c, s, st), n in info.stats.records.items()
@@ -58,6 +62,10 @@ def status(cwd: CwdOption = None, as_json: JsonOption = False) -> None:
         out.print(f"model           {e.reason.removeprefix('not loaded by this command; ')}")
     out.print(f"awaiting embed  {info.awaiting_embedding}")
     out.print(f"project         {project}")
+    out.print(f"project key     {identity['key']}  ({HOW[identity['how']]})")
+    attached = [a["alias"] for a in identity["aliases"] if a["detached_at"] is None]
+    if attached:
+        out.print(f"aliases         {', '.join(attached)}")
     out.print(f"settings        {', '.join(info.settings_sources) or 'defaults'}")
     keys = sorted({(c, s) for c, s, _ in info.stats.records})
     rows = [

@@ -146,6 +146,6 @@ def _report(summary: ImportSummary, verb: str, as_json: bool) -> None:
         return
     out.print(
         f"{verb} {summary.records_added} records ({summary.records_skipped} already there), "
-        f"{summary.conflicts_added} conflicts; embedded {summary.embedded}, "
-        f"{summary.awaiting_embedding} awaiting an embedder"
+        f"{summary.conflicts_added} conflicts, {summary.aliases_added} project aliases; "
+        f"embedded {summary.embedded}, {summary.awaiting_embedding} awaiting an embedder"
     )

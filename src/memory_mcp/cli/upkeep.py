@@ -175,7 +175,7 @@ def archived(
     """List archived records, most recent first (restore them with `memory-mcp restore`)."""
 
     async def use(memory: MemoryService) -> Any:
-        keys = () if all_scopes else memory.scope_keys("all", cwd)
+        keys = () if all_scopes else await memory.scope_keys("all", cwd)
         return await memory.archived(keys, reason=reason, limit=limit)
 
     records = with_memory(cwd, use, embeds=False)

@@ -40,29 +40,31 @@ async def insights(run: TaskRun) -> TaskReport:
         return TaskReport("insights", skipped="maintenance.insights is off")
     identity = run.dense()
     counts: Counter[str] = Counter()
-    for scope_key in await run.store.scope_keys():
-        written, retired = await _scope_insights(run, scope_key, identity)
+    # A project's aliases are one scope with it: its insights go under its own key.
+    for scope_key, keys in (await run.engine.projects_of(await run.store.scope_keys())).items():
+        written, retired = await _scope_insights(run, scope_key, (scope_key, *keys), identity)
         counts["written"] += written
         counts["retired"] += retired
     return TaskReport("insights", counts=dict(counts))
 
 
-async def _scope_insights(run: TaskRun, scope_key: str, identity: str | None) -> tuple[int, int]:
+async def _scope_insights(
+    run: TaskRun, scope_key: str, keys: tuple[str, ...], identity: str | None
+) -> tuple[int, int]:
     now = run.engine.clock()
+    keys = tuple(dict.fromkeys(keys))
     facts = await top_by_prior(
-        run.engine, Filters(scope_keys=(scope_key,), corpora=("facts",)), now, INSIGHT_POOL
+        run.engine, Filters(scope_keys=keys, corpora=("facts",)), now, INSIGHT_POOL
     )
     groups = await _groups(run, facts, identity)
     wanted = {_fingerprint(group): group for group in groups}
-    existing = await run.store.current(
-        Filters(scope_keys=(scope_key,), corpora=("insights",)), 100_000
-    )
+    existing = await run.store.current(Filters(scope_keys=keys, corpora=("insights",)), 100_000)
     have = {str(r.meta.get("fingerprint", "")): r for r in existing}
     stale = [r for fp, r in have.items() if fp not in wanted]
     stale += [r for r in existing if have.get(str(r.meta.get("fingerprint", ""))) is not r]
     fresh = [(fp, group) for fp, group in wanted.items() if fp not in have]
     at = format_time(now)
-    records = [await _insight(run, group, fp, at) for fp, group in fresh]
+    records = [await _insight(run, group, fp, at, scope_key) for fp, group in fresh]
     for start in range(0, max(len(records), len(stale)), BATCH):
         async with run.store.write() as tx:
             for record in records[start : start + BATCH]:
@@ -108,7 +110,9 @@ async def _similarities(
     return await anyio.to_thread.run_sync(_overlaps, texts), LEXICAL_INSIGHT_SIMILARITY
 
 
-async def _insight(run: TaskRun, group: list[Record], fingerprint: str, at: str) -> Record:
+async def _insight(
+    run: TaskRun, group: list[Record], fingerprint: str, at: str, scope_key: str
+) -> Record:
     """The insight record of a group: an LLM summary, else highlights and keywords."""
     keywords = _keywords([f.content for f in group])
     content = await run.ask(insight_prompt([f.content for f in group]))
@@ -121,7 +125,7 @@ async def _insight(run: TaskRun, group: list[Record], fingerprint: str, at: str)
         corpus="insights",
         kind="insight",
         scope=first.scope,
-        scope_key=first.scope_key,
+        scope_key=scope_key,
         content=content,
         agent="memory-mcp",
         created_at=at,

@@ -138,7 +138,7 @@ async def consolidate(run: TaskRun) -> TaskReport:
 
 async def _consolidate_one(run: TaskRun, record: Record, identity: str | None) -> str | None:
     vectors = await run.store.vectors_of(record.id, identity) if identity else None
-    filters = Filters(scope_keys=(record.scope_key,), corpora=("facts",))
+    filters = Filters(scope_keys=await run.engine.same_scope(record.scope_key), corpora=("facts",))
     fold_settings = run.engine.settings.fold
     found = await neighbours(run.store, record, vectors, identity, filters, fold_settings)
     for other, similarity in found:
@@ -215,15 +215,18 @@ async def staleness(run: TaskRun) -> TaskReport:
     created_before = format_time(now - timedelta(days=run.settings.stale_days))
     at = format_time(now)
     counts: Counter[str] = Counter()
-    for scope_key, last in sorted((await run.store.project_activity()).items()):
-        if last >= quiet_since:
+    activity = await run.store.project_activity()
+    # A project is dormant when none of its keys (its own, its aliases') saw activity.
+    for keys in (await run.engine.projects_of(sorted(activity))).values():
+        if max(activity[k] for k in keys) >= quiet_since:
             continue
         archived = 0
-        while facts := await run.store.unused_facts(scope_key, created_before, BATCH):
-            async with run.store.write() as tx:
-                for fact in facts:
-                    archived += await tx.archive(fact.id, "dormant", at)
-            await run.renew()
+        for scope_key in keys:
+            while facts := await run.store.unused_facts(scope_key, created_before, BATCH):
+                async with run.store.write() as tx:
+                    for fact in facts:
+                        archived += await tx.archive(fact.id, "dormant", at)
+                await run.renew()
         if archived:
             counts["archived"] += archived
             counts["projects"] += 1

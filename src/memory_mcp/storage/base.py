@@ -90,6 +90,21 @@ class TaskState:
     cursor: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class ScopeAlias:
+    """A scope key read as a project's key: one it had before its identity, or one an
+    operator attached. Detached, it is kept (so it is not attached again by itself)."""
+
+    alias: str
+    key: str
+    attached_at: str
+    detached_at: str | None = None
+
+    @property
+    def attached(self) -> bool:
+        return self.detached_at is None
+
+
 @dataclass
 class Check:
     """One of ``doctor``'s checks: what it found, and what a repair did."""
@@ -252,6 +267,21 @@ class RecordReads(Protocol):
     async def count_unarchived(self, scope_key: str) -> int: ...
 
 
+# Scope aliases -------------------------------------------------------------------------
+
+
+class ScopeAliases(Protocol):
+    """Which scope keys are read as another project's key (``identity``, ``Engine.project``)."""
+
+    async def aliases(self, key: str) -> list[ScopeAlias]:
+        """The aliases of a project key, attached and detached, oldest first."""
+        ...
+
+    async def alias_of(self, keys: Collection[str]) -> dict[str, ScopeAlias]:
+        """The alias row of each of ``keys`` that has one (attached or detached)."""
+        ...
+
+
 # Embedding queue -----------------------------------------------------------------------
 
 
@@ -345,6 +375,17 @@ class WriteTransaction(Neighbours, Protocol):
 
     async def resolve_conflict(self, conflict_id: int, resolution: str, at: str) -> bool: ...
 
+    # scope aliases
+    async def add_alias(self, alias: str, key: str, at: str, *, replace: bool = True) -> bool:
+        """Read ``alias`` as ``key`` from now on (attached anew if it was detached or
+        named another key); with ``replace`` False, only if ``alias`` has no row at all.
+        Whether anything changed."""
+        ...
+
+    async def remove_alias(self, alias: str, at: str) -> bool:
+        """Detach an attached alias; its row stays, detached. Whether it was attached."""
+        ...
+
     # leases
     async def claim(
         self, task: str, holder: str, now: str, until: str, cursor: dict[str, Any] | None = None
@@ -400,5 +441,14 @@ class Admin(Protocol):
     async def close(self) -> None: ...
 
 
-class Store(RecordReads, SearchBranches, EmbeddingQueue, ConflictReads, Leases, Admin, Protocol):
+class Store(
+    RecordReads,
+    SearchBranches,
+    ScopeAliases,
+    EmbeddingQueue,
+    ConflictReads,
+    Leases,
+    Admin,
+    Protocol,
+):
     """A memory store: everything the engine asks of a database."""

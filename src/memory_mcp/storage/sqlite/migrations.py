@@ -222,11 +222,27 @@ CREATE TABLE scope_activity (
 """
 
 
+M005_SCOPE_ALIASES = """
+-- Scope keys read as another project's key (identity.py): the path keys a project had
+-- before it was keyed by its identity, and keys an operator attached. Records keep the
+-- key they were stored under. A detached alias keeps its row (detached_at), so that
+-- automatic adoption does not attach it again; attaching it by hand clears it.
+CREATE TABLE scope_aliases (
+    alias TEXT PRIMARY KEY,
+    key TEXT NOT NULL,
+    attached_at TEXT NOT NULL,
+    detached_at TEXT
+);
+CREATE INDEX scope_aliases_key ON scope_aliases (key);
+"""
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration("m001_records", _script(M001_RECORDS)),
     Migration("m002_emphasis", _m002_emphasis),
     Migration("m003_vector_changes", _script(M003_VECTOR_CHANGES)),
     Migration("m004_maintenance", _script(M004_MAINTENANCE)),
+    Migration("m005_scope_aliases", _script(M005_SCOPE_ALIASES)),
 )
 
 

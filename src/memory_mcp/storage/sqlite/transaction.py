@@ -313,6 +313,36 @@ class Transaction(Queries):
             [scope_key, at],
         )
 
+    async def add_alias(self, alias: str, key: str, at: str, *, replace: bool = True) -> bool:
+        """Read ``alias`` as ``key``; with ``replace`` False only if it has no row yet."""
+        if not replace:
+            return (
+                await self.execute(
+                    "INSERT INTO scope_aliases (alias, key, attached_at) VALUES (?, ?, ?) "
+                    "ON CONFLICT (alias) DO NOTHING",
+                    [alias, key, at],
+                )
+                > 0
+            )
+        return (
+            await self.execute(
+                "INSERT INTO scope_aliases (alias, key, attached_at) VALUES (?, ?, ?) "
+                "ON CONFLICT (alias) DO UPDATE SET key = excluded.key, "
+                "attached_at = excluded.attached_at, detached_at = NULL "
+                "WHERE scope_aliases.key != excluded.key OR scope_aliases.detached_at IS NOT NULL",
+                [alias, key, at],
+            )
+            > 0
+        )
+
+    async def remove_alias(self, alias: str, at: str) -> bool:
+        """Detach an attached alias (its row stays, so adoption leaves it detached)."""
+        changed = await self.execute(
+            "UPDATE scope_aliases SET detached_at = ? WHERE alias = ? AND detached_at IS NULL",
+            [at, alias],
+        )
+        return changed > 0
+
     async def _unfold(self, record: Record, at: str) -> None:
         """Take a folded record's texts out of the current record that holds them.
 

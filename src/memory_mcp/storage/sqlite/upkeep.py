@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 from memory_mcp.records import Conflict, Record
-from memory_mcp.storage.base import Position, TaskState
+from memory_mcp.storage.base import Position, ScopeAlias, TaskState
 from memory_mcp.storage.sqlite.sql import SELECT, marks, record_of, seq_of
 
 if TYPE_CHECKING:
@@ -118,6 +118,26 @@ class UpkeepReads:
             "SELECT count(*) FROM records WHERE scope_key = ? AND archived_at IS NULL", [scope_key]
         )
         return int(rows[0][0])
+
+    async def aliases(self, key: str) -> list[ScopeAlias]:
+        """The aliases of a project key, attached and detached, oldest first."""
+        rows = await self.reads.fetch(
+            "SELECT alias, key, attached_at, detached_at FROM scope_aliases WHERE key = ? "
+            "ORDER BY attached_at, alias",
+            [key],
+        )
+        return [ScopeAlias(*row) for row in rows]
+
+    async def alias_of(self, keys: Collection[str]) -> dict[str, ScopeAlias]:
+        """The alias row of each of ``keys`` that has one (attached or detached)."""
+        if not keys:
+            return {}
+        rows = await self.reads.fetch(
+            "SELECT alias, key, attached_at, detached_at FROM scope_aliases "
+            f"WHERE alias IN ({marks(keys)})",
+            list(keys),
+        )
+        return {str(row[0]): ScopeAlias(*row) for row in rows}
 
     async def scope_keys(self) -> list[str]:
         """Every scope key that has current records."""
