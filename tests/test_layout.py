@@ -203,3 +203,21 @@ def test_the_command_line_loads_no_numpy_until_something_is_embedded() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "False"
+
+
+def test_no_file_holds_a_merge_conflict_left_unresolved() -> None:
+    import re
+    import subprocess
+
+    root = PACKAGE.parent.parent
+    listed = subprocess.run(
+        ["git", "ls-files"], cwd=root, capture_output=True, text=True, check=True
+    ).stdout.split()
+    marker = re.compile(r"^(<{7}|>{7}) ", re.M)
+    left = [
+        name
+        for name in listed
+        if name.endswith((".py", ".md", ".toml", ".txt", ".yml", ".yaml", ".json"))
+        and marker.search((root / name).read_text(encoding="utf-8", errors="replace"))
+    ]
+    assert not left, f"conflict markers in: {left}"
