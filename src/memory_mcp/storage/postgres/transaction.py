@@ -10,6 +10,7 @@ from memory_mcp.passages import MAX_PASSAGES
 from memory_mcp.records import Conflict, MergedEntry, Record, merged_text
 from memory_mcp.storage.base import TaskState, Vector
 from memory_mcp.storage.bm25 import document_terms, indexed_columns
+from memory_mcp.storage.history import unfold
 from memory_mcp.storage.postgres.queries import Queries, _unit
 from memory_mcp.storage.postgres.sql import INSERT, storage_error
 from memory_mcp.storage.rows import (
@@ -276,7 +277,7 @@ class Transaction(Queries):
             return None
         folded = record.archived_reason == "folded" and record.replaced_by is not None
         if folded:
-            await self._unfold(record, at)
+            await unfold(self, record, at)
         await self.execute(
             "UPDATE records SET archived_at = NULL, archived_reason = NULL, "
             "replaced_by = CASE WHEN %s THEN NULL ELSE replaced_by END WHERE id = %s",
@@ -293,27 +294,6 @@ class Transaction(Queries):
             "SET last_at = greatest(scope_activity.last_at, excluded.last_at)",
             [scope_key, at],
         )
-
-    async def _unfold(self, record: Record, at: str) -> None:
-        """Take a folded record's texts out of the current record that holds them."""
-        holder_id = record.replaced_by
-        seen: set[str] = set()
-        while holder_id is not None and holder_id not in seen:
-            seen.add(holder_id)
-            holder = await self.get(holder_id)
-            if holder is None:
-                return
-            if holder.current:
-                gone = {record.id, *(m.id for m in record.merged_from)}
-                kept = [m for m in holder.merged_from if m.id not in gone]
-                if len(kept) != len(holder.merged_from):
-                    holder.merged_from = kept
-                    holder.fold_count = max(0, holder.fold_count - record.fold_count - 1)
-                    holder.access_count = max(0, holder.access_count - record.access_count)
-                    await self.update_merged(holder, at)
-                    await self.drop_vectors(holder.id)
-                return
-            holder_id = holder.replaced_by
 
     async def purge(self, record_ids: Sequence[str], archived_before: str, at: str) -> int:
         """Hard-delete archived records archived before a time, with their history

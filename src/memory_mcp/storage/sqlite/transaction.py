@@ -12,6 +12,7 @@ import aiosqlite
 from memory_mcp.passages import MAX_PASSAGES
 from memory_mcp.records import Conflict, MergedEntry, Record, merged_text
 from memory_mcp.storage.base import TaskState, Vector
+from memory_mcp.storage.history import unfold
 from memory_mcp.storage.rows import (
     conflict_params,
     content_params,
@@ -264,7 +265,7 @@ class Transaction(Queries):
             return None
         folded = record.archived_reason == "folded" and record.replaced_by is not None
         if folded:
-            await self._unfold(record, at)
+            await unfold(self, record, at)
         await self.execute(
             "UPDATE records SET archived_at = NULL, archived_reason = NULL, "
             "replaced_by = CASE WHEN ? THEN NULL ELSE replaced_by END WHERE id = ?",
@@ -280,32 +281,6 @@ class Transaction(Queries):
             "ON CONFLICT (scope_key) DO UPDATE SET last_at = max(last_at, excluded.last_at)",
             [scope_key, at],
         )
-
-    async def _unfold(self, record: Record, at: str) -> None:
-        """Take a folded record's texts out of the current record that holds them.
-
-        The holder loses the entry of the record and the entries the record had
-        absorbed itself, and the folds and accesses they brought; tags and
-        importance it took over stay.
-        """
-        holder_id = record.replaced_by
-        seen: set[str] = set()
-        while holder_id is not None and holder_id not in seen:
-            seen.add(holder_id)
-            holder = await self.get(holder_id)
-            if holder is None:
-                return
-            if holder.current:
-                gone = {record.id, *(m.id for m in record.merged_from)}
-                kept = [m for m in holder.merged_from if m.id not in gone]
-                if len(kept) != len(holder.merged_from):
-                    holder.merged_from = kept
-                    holder.fold_count = max(0, holder.fold_count - record.fold_count - 1)
-                    holder.access_count = max(0, holder.access_count - record.access_count)
-                    await self.update_merged(holder, at)
-                    await self.drop_vectors(holder.id)
-                return
-            holder_id = holder.replaced_by
 
     async def purge(self, record_ids: Sequence[str], archived_before: str, at: str) -> int:
         """Hard-delete archived records archived before a time, with their history.
