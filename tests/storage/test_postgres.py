@@ -20,6 +20,7 @@ from helpers.storage import store_url
 from memory_mcp.config import Settings, StorageSettings
 from memory_mcp.errors import SchemaTooNew
 from memory_mcp.storage import Filters, Store, open_store
+from memory_mcp.storage.postgres import dump
 
 pytestmark = pytest.mark.anyio
 
@@ -128,3 +129,40 @@ async def test_nearest_reads_the_embedders_hnsw_index(store: Any) -> None:
         "ORDER BY v.embedding::vector(3) <=> '[1,0,0]'::vector(3) LIMIT 5"
     )
     assert "vectors_space_1" in "\n".join(str(row[0]) for row in plan)
+
+
+async def test_a_pending_migration_runs_after_a_backup_and_a_failing_one_changes_nothing(
+    store: Any, url: str, tmp_path: Path
+) -> None:
+    import psycopg
+
+    from memory_mcp.errors import StorageError
+    from memory_mcp.storage.postgres import migrations
+
+    await filled(store)
+    made: list[Path] = []
+
+    async def backup(name: str) -> Path:
+        made.append(tmp_path / f"before-{name}.sql")
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as other:
+            await other.execute(f'SET search_path TO "{store.schema}", public')
+            await dump.write_dump(other, store.schema, made[-1])
+        return made[-1]
+
+    bad = migrations.Migration("m002_half", "ALTER TABLE records ADD COLUMN half int; SELECT 1/0")
+    good = migrations.Migration("m002_whole", "ALTER TABLE records ADD COLUMN whole int")
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        await conn.execute(f'SET search_path TO "{store.schema}", public')
+        with pytest.raises(StorageError, match="m002_half failed and was rolled back"):
+            await migrations.migrate(conn, store.schema, (*migrations.MIGRATIONS, bad))
+        assert await migrations.migrate(
+            conn, store.schema, (*migrations.MIGRATIONS, good), backup=backup
+        ) == ["m002_whole"]
+    columns = await store.fetch(
+        "SELECT column_name FROM information_schema.columns WHERE table_schema = %s "
+        "AND table_name = 'records' AND column_name IN ('half', 'whole')",
+        [store.schema],
+    )
+    assert columns == [("whole",)]
+    [copy] = made
+    assert "COPY records" in copy.read_text(encoding="utf-8") and copy.stat().st_mode & 0o077 == 0

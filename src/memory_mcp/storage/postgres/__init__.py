@@ -61,4 +61,8 @@ async def open_store(
         ) from exc
     from memory_mcp.storage.postgres.store import PgStore
 
-    return await PgStore.open(url, busy_timeout_ms=settings.storage.busy_timeout_ms)
+    return await PgStore.open(
+        url,
+        busy_timeout_ms=settings.storage.busy_timeout_ms,
+        backup_dir=settings.database_path().parent / "backups",
+    )

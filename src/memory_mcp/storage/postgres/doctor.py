@@ -6,13 +6,7 @@ vectors (a current record's passages ``0 .. vec_rows - 1`` in its embedder's
 space; a record whose vectors disagree loses them and goes back to "awaiting
 vectors", which re-embedding makes again).
 
-A backup is a ``psql`` script: one ``COPY … FROM stdin`` block per table, in
-the text format of COPY, all read in one REPEATABLE READ snapshot while writers
-go on (no server-side program is needed: ``pg_dump`` of a matching version is
-often not installed beside the client). Restore it into a database that this
-memory-mcp version has opened once (so its schema exists) and that holds no
-records yet: ``psql -v ON_ERROR_STOP=1 -1 -f BACKUP "postgresql://…"``; the
-next start makes the HNSW indexes again.
+A backup is ``dump.FORMAT`` (a ``psql`` script of ``COPY`` blocks).
 """
 
 from __future__ import annotations
@@ -20,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import anyio
 
@@ -28,16 +22,21 @@ from memory_mcp.errors import InvalidInput
 from memory_mcp.records import format_time, utcnow
 from memory_mcp.storage.base import Check, Diagnosis
 from memory_mcp.storage.bm25 import document_terms, indexed_columns
-from memory_mcp.storage.postgres.migrations import MIGRATIONS, TABLES
+from memory_mcp.storage.postgres.dump import (
+    IDENTITIES,
+    TABLES,
+    columns_of,
+    quoted,
+    setval,
+    write_dump,
+)
+from memory_mcp.storage.postgres.migrations import MIGRATIONS
 
 if TYPE_CHECKING:
     from memory_mcp.storage.postgres.store import PgStore
 
 _SHOWN = 20  # problems listed per check; the count says the rest
 _BATCH = 1000
-FORMAT = "memory-mcp postgres backup 1"
-# Filled by the copy itself (the migration made them): never copied.
-_NOT_COPIED = ("schema_migrations",)
 
 
 async def diagnose(store: PgStore, *, repair: bool = False) -> Diagnosis:
@@ -181,22 +180,6 @@ async def _conflicts(store: PgStore, repair: bool) -> Check:
     return check
 
 
-async def _columns(conn: Any, table: str) -> list[str]:
-    """A table's stored columns (not generated ones), in order."""
-    cursor = await conn.execute(
-        "SELECT column_name FROM information_schema.columns WHERE table_schema = "
-        "current_schema() AND table_name = %s AND is_generated = 'NEVER' ORDER BY ordinal_position",
-        [table],
-    )
-    return [str(r[0]) for r in await cursor.fetchall()]
-
-
-def _copied() -> list[str]:
-    """The tables a copy fills, in order: ``lexical_stats`` after the records, whose
-    trigger would otherwise count them twice."""
-    return [t for t in TABLES if t not in _NOT_COPIED]
-
-
 async def backup(store: PgStore, target: Path, *, force: bool = False) -> Path:
     """A consistent copy of the store while writers go on (``FORMAT``); its path.
 
@@ -209,62 +192,30 @@ async def backup(store: PgStore, target: Path, *, force: bool = False) -> Path:
     """
     target, partial = await anyio.to_thread.run_sync(_backup_paths, target, force)
     try:
-        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as out:
-            async with store.connection() as conn, conn.transaction():
-                await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-                out.write(f"-- {FORMAT}\n-- taken {format_time(utcnow())}\n".encode())
-                out.write(f"-- schema {store.schema}\n".encode())
-                out.write(b"SET search_path TO " + _quoted(store.schema) + b", public;\n")
-                out.write(b"DELETE FROM lexical_stats;\n")
-                for table in _copied():
-                    columns = ", ".join(await _columns(conn, table))
-                    out.write(f"COPY {table} ({columns}) FROM stdin;\n".encode())
-                    async with conn.cursor().copy(
-                        f"COPY {table} ({columns}) TO STDOUT".encode()
-                    ) as copy:
-                        async for data in copy:
-                            out.write(bytes(data))
-                    out.write(b"\\.\n")
-                for table, column in _IDENTITIES:
-                    out.write(f"{_setval(table, column)};\n".encode())
+        async with store.connection() as conn:
+            await write_dump(conn, store.schema, partial)
         await anyio.to_thread.run_sync(os.replace, partial, target)
     finally:
         await anyio.to_thread.run_sync(partial.unlink, True)
     return target
 
 
-_IDENTITIES = (("records", "seq"), ("vector_indexes", "id"), ("conflicts", "id"))
-
-
-def _quoted(name: str) -> bytes:
-    return ('"' + name.replace('"', '""') + '"').encode()
-
-
 async def copy_schema(source: PgStore, copy: PgStore) -> None:
     """Fill ``copy`` (freshly migrated, in another schema) with ``source``'s rows of one
     moment (one REPEATABLE READ transaction), then make its HNSW indexes."""
-    live = _quoted(source.schema).decode()
+    live = quoted(source.schema).decode()
     async with copy.connection() as conn, conn.transaction():
         await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
         await conn.execute("DELETE FROM lexical_stats")
-        for table in _copied():
-            columns = ", ".join(await _columns(conn, table))
+        for table in TABLES:
+            columns = ", ".join(await columns_of(conn, table))
             await conn.execute(
                 f"INSERT INTO {table} ({columns}) SELECT {columns} FROM {live}.{table}".encode()
             )
-        for table, column in _IDENTITIES:
-            await conn.execute(_setval(table, column).encode())
+        for table, column in IDENTITIES:
+            await conn.execute(setval(table, column).encode())
     async with copy.write() as tx:
         await copy.ensure_indexes(tx)
-
-
-def _setval(table: str, column: str) -> str:
-    """Make an identity column go on after the rows a copy brought."""
-    return (
-        f"SELECT setval(pg_get_serial_sequence('{table}', '{column}'), "
-        f"coalesce((SELECT max({column}) FROM {table}), 0) + 1, false)"
-    )
 
 
 def _backup_paths(target: Path, force: bool) -> tuple[Path, Path]:

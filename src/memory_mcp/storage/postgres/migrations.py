@@ -28,8 +28,10 @@ a trigger); ``sql.lexical_sql`` computes FTS5's BM25 from them.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from memory_mcp.errors import SchemaTooNew, StorageError
 from memory_mcp.records import format_time, utcnow
@@ -181,28 +183,21 @@ CREATE TABLE scope_activity (
 """
 
 MIGRATIONS: tuple[Migration, ...] = (Migration("m001_records", M001_RECORDS),)
-# Tables in the order a copy fills them (foreign keys first).
-TABLES = (
-    "records",
-    "record_terms",
-    "lexical_stats",
-    "vector_indexes",
-    "vectors",
-    "conflicts",
-    "maintenance",
-    "scope_activity",
-    "schema_migrations",
-)
 
 
 async def migrate(
-    conn: psycopg.AsyncConnection[tuple[object, ...]],
+    conn: psycopg.AsyncConnection[Any],
     schema: str,
     migrations: tuple[Migration, ...] = MIGRATIONS,
+    *,
+    backup: Callable[[str], Awaitable[Path]] | None = None,
 ) -> list[str]:
     """Create ``schema`` and apply pending migrations in order; the names applied.
 
     ``conn`` is in autocommit mode with ``schema`` first on its search path.
+    Before the first pending migration runs on a schema that has migrations
+    already, ``backup(name)`` copies it (on a connection of its own, while this
+    one holds the write lock, so the copy is exactly the state migrated).
 
     Raises:
         SchemaTooNew: the database has migrations this code does not know.
@@ -244,6 +239,11 @@ async def migrate(
                     )
                 if migration.name in done:
                     continue
+                if done and not applied_now and backup is not None:
+                    await conn.execute("SELECT pg_advisory_xact_lock(%s)", [WRITE_LOCK])
+                    copy = await backup(migration.name)
+                    log.warning("backed up schema %s to %s before migrating", schema, copy)
+                    backup = None
                 await conn.execute(migration.sql.encode())
                 await conn.execute(
                     "INSERT INTO schema_migrations (name, applied_at) VALUES (%s, %s)",

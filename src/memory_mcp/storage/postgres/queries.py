@@ -16,10 +16,12 @@ if TYPE_CHECKING:
 
 # The nearest-neighbour search asks the HNSW index for this many rows per wanted
 # record at first, doubling while the filters reject too many. pgvector (0.6)
-# filters *after* the index scan, which returns at most ``hnsw.ef_search`` rows:
-# each round raises ef_search to the depth it asks for, up to its maximum (1,000);
-# past it, or when the filters keep no row at all (a selective filter), an exact
-# scan of the rows that pass the filters answers instead.
+# filters *after* the index scan, which returns at most ``hnsw.ef_search`` rows
+# (and may return fewer): each round raises ef_search to the depth it asks for,
+# up to its maximum (1,000); past it, when the filters keep no row at all (a
+# selective filter), or when the index returned fewer rows than asked (a small
+# space, or a graph that ran dry), an exact scan of the rows that pass the
+# filters answers instead.
 _FIRST_DEPTH = 2
 _MIN_DEPTH = 40
 EF_SEARCH_MAX = 1000
@@ -102,10 +104,10 @@ class Queries:
                 [query, query, depth, *params, k],
                 ef_search=depth,
             )
-            if len(rows) >= k or (rows and int(rows[0][-1]) < depth):
+            if len(rows) >= k:
                 return [Scored(record_of(row), float(row[-2])) for row in rows]
-            if not rows:
-                break
+            if not rows or int(rows[0][-1]) < depth:
+                break  # nothing passes, or the index gave fewer rows than asked: scan
             depth *= 2
         rows = await self.fetch(
             f"SELECT {SELECT}, b.sim FROM (SELECT v.seq, 1.0 - min(v.embedding <=> %s) AS sim "

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import AsyncIterator, Collection, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -65,12 +66,19 @@ class PgStore(Queries):
 
     @classmethod
     async def open(
-        cls, url: str, *, schema: str = DEFAULT_SCHEMA, busy_timeout_ms: int = 15000
+        cls,
+        url: str,
+        *,
+        schema: str = DEFAULT_SCHEMA,
+        busy_timeout_ms: int = 15000,
+        backup_dir: Path | None = None,
     ) -> PgStore:
         """Connect to the database ``url`` names, prepare and migrate ``schema``.
 
         Credentials come from the URL, the environment (``PGPASSWORD``…) or
         libpq's password file; none is ever shown (``factory.redacted``).
+        ``backup_dir`` receives a backup (``dump.FORMAT``) before a pending
+        migration runs on a schema that holds one already.
 
         Raises:
             StorageError: the server cannot be reached, refuses, or cannot be migrated.
@@ -88,7 +96,9 @@ class PgStore(Queries):
         try:
             async with conn:
                 await conn.execute(f"SET search_path TO {_ident(schema)}, public".encode())
-                applied = await migrate(conn, schema)
+                applied = await migrate(
+                    conn, schema, backup=_backup_before(url, schema, backup_dir)
+                )
                 if applied:
                     log.info("applied migrations to %s: %s", shown, ", ".join(applied))
                 cursor = await conn.execute(
@@ -529,6 +539,29 @@ class PgStore(Queries):
     def connection(self) -> Any:
         """A pooled connection (``async with``), for the doctor's copies."""
         return self._pool.connection()
+
+
+def _backup_before(
+    url: str, schema: str, folder: Path | None
+) -> Callable[[str], Awaitable[Path]] | None:
+    """What ``migrate`` calls to back ``schema`` up before a migration (None: no folder)."""
+    if folder is None:
+        return None
+
+    async def backup(migration: str) -> Path:
+        import psycopg
+
+        from memory_mcp.storage.postgres.dump import write_dump
+
+        await anyio.to_thread.run_sync(partial(folder.mkdir, parents=True, exist_ok=True))
+        stamp = utcnow().strftime("%Y%m%dT%H%M%S%fZ")
+        target = folder / f"memory-{schema}-{stamp}-before-{migration}.sql"
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            await conn.execute(f"SET search_path TO {_ident(schema)}, public".encode())
+            await write_dump(conn, schema, target)
+        return target
+
+    return backup
 
 
 def index_sql(space: int, dim: int) -> str:
