@@ -21,7 +21,8 @@ The same protocols as SQLite (``storage.base``), the same ranking:
 
 The modules: ``store`` (``PgStore``: pool, write lock, store-wide reads),
 ``queries`` (reads shared with transactions), ``transaction`` (the writes),
-``sql`` (filters, BM25), ``migrations`` (the schema), ``doctor`` (checks,
+``upkeep`` (reads for maintenance and the inbox), ``sql`` (filters, BM25),
+``migrations`` (the schema), ``dump`` (the backup format), ``doctor`` (checks,
 repair, backup, the dry run's copy).
 """
 
