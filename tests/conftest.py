@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import postgres
 from helpers.model import MODEL_ENV, MODEL_NAME, model_path
 from helpers.processes import Workers
 from helpers.storage import STORAGE_URL_ENV, store_place
@@ -42,6 +43,12 @@ def pytest_configure(config: pytest.Config) -> None:
     template = str(config.getoption("--storage-url") or "")
     if template and "{id}" not in template:
         raise pytest.UsageError(f"--storage-url {template!r} has no {{id}}: tests would share it")
+    if postgres.is_postgres(template):
+        config.option.storage_url = postgres.start(template)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    postgres.stop()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -55,13 +62,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture
-def storage_url(request: pytest.FixtureRequest) -> str:
+def storage_url(request: pytest.FixtureRequest) -> Iterator[str]:
     """This test's ``storage.url``: empty for SQLite in ``tmp_path`` (the default, and
-    always for a ``sqlite_only`` test)."""
+    always for a ``sqlite_only`` test). On Postgres, the test's databases are made
+    as it names them and dropped after it (``helpers.postgres``)."""
     template = str(request.config.getoption("--storage-url") or "")
     if request.node.get_closest_marker("sqlite_only"):
-        return ""
-    return template.replace("{id}", uuid.uuid4().hex[:12])
+        yield ""
+        return
+    url = template.replace("{id}", uuid.uuid4().hex[:12])
+    if not postgres.is_postgres(url):
+        yield url
+        return
+    postgres.create_database(url)
+    try:
+        yield url
+    finally:
+        postgres.drop_databases()
 
 
 @pytest.fixture

@@ -79,7 +79,7 @@ def test_a_configuration_error_exits_78(project: Path, monkeypatch: pytest.Monke
 def test_status_names_the_driver_and_the_embedder(project: Path) -> None:
     code, out, _ = run("status", cwd=project)
     assert code == 0
-    assert "sqlite-vec" in out
+    assert "sqlite-vec" in out or "pgvector" in out  # the backend's vector extension
     assert "fastembed:sentence-transformers/all-MiniLM-L6-v2" in out
     code, out, _ = run("status", "--json", cwd=project)
     data = json.loads(out)

@@ -354,14 +354,15 @@ async def test_conflicts_resolve_each_way(memory: MemoryService, project: Path) 
     assert await memory.conflicts() == []
 
 
-async def test_only_the_lease_holder_runs_a_task(memory: MemoryService, clock: Clock) -> None:
+async def test_only_the_lease_holder_runs_a_task(memory: MemoryService) -> None:
     first = Maintenance(memory.engine, holder="first")
     second = Maintenance(memory.engine, holder="second")
-    now = clock()
+    now = await memory.engine.store.now()  # leases run on the store's clock
     assert await first._claim("purge", now)
     [report] = await second.run(["purge"])
     assert report.skipped == "another process is running it"
-    clock.advance(seconds=memory.settings.maintenance.lease_seconds + 1)  # first stalled
+    lease = timedelta(seconds=memory.settings.maintenance.lease_seconds + 1)
+    assert await first._claim("purge", now - lease)  # first stalled: its lease ran out
     [report] = await second.run(["purge"])
     assert not report.skipped and report.counts == {"purged": 0}
     state = (await memory.engine.store.tasks())["purge"]
@@ -803,11 +804,12 @@ async def test_a_folded_record_comes_back_field_for_field(
     assert (holder.merged_from, holder.fold_count, holder.access_count) == ([], 0, 0)
 
 
-async def test_a_task_whose_lease_was_taken_over_stops(
-    memory: MemoryService, project: Path, clock: Clock
-) -> None:
+async def test_a_task_whose_lease_was_taken_over_stops(memory: MemoryService) -> None:
+    now = await memory.engine.store.now()  # leases run on the store's clock
+    lease = timedelta(seconds=memory.settings.maintenance.lease_seconds)
+    stalled = now - lease - timedelta(seconds=1)  # claimed a lease ago: it has run out
     slow = Maintenance(memory.engine, holder="slow")
-    assert await slow._claim("consolidate", clock())
+    assert await slow._claim("consolidate", stalled)
     run = TaskRun(
         memory.engine,
         "consolidate",
@@ -815,13 +817,12 @@ async def test_a_task_whose_lease_was_taken_over_stops(
         llm=None,
         dry_run=False,
         cursor={},
-        claimed=clock(),
+        claimed=stalled,
     )
-    clock.advance(seconds=memory.settings.maintenance.lease_seconds + 1)
     [report] = await Maintenance(memory.engine, holder="other").run(["consolidate"])
     assert not report.skipped  # the stalled lease was free to take
     async with memory.engine.store.write() as tx:
-        assert await tx.claim("consolidate", "other", _stamp(clock()), _stamp(clock()))
+        assert await tx.claim("consolidate", "other", _stamp(now), _stamp(now + lease))
     with pytest.raises(maintenance.LeaseLost):
         await run.renew()
 

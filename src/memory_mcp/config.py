@@ -283,7 +283,10 @@ class StorageSettings(_Section):
         Meta(
             description=(
                 "Where the memories are stored: empty for the SQLite file in data_dir, "
-                "sqlite:///path/to/memory.db for another SQLite file."
+                "sqlite:///path/to/memory.db for another SQLite file, "
+                "postgresql://user@host/dbname for a team's PostgreSQL with pgvector "
+                "(pip install 'memory-mcp[postgres]'; the password from PGPASSWORD or "
+                "~/.pgpass rather than the URL)."
             )
         ),
     ] = ""

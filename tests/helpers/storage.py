@@ -11,7 +11,8 @@ A URL template must hold ``{id}`` (each test gets its own stores) and end its
 path in a file or database name: a store's name goes at the end of that last
 segment, before its extension, so ``sqlite:////tmp/mm-{id}.db`` gives
 ``sqlite:////tmp/mm-3f2a…-warm.db`` and ``postgresql://host/mm_{id}`` gives
-``postgresql://host/mm_3f2a…-warm`` for the store named ``warm``.
+``postgresql://host/mm_3f2a…-warm`` for the store named ``warm`` (on Postgres each
+is a database of its own, made when first named: ``helpers.postgres``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import msgspec
 
+from helpers import postgres
 from memory_mcp.config import Settings, StorageSettings
 from memory_mcp.embedders.base import FakeEmbedder
 from memory_mcp.service import MemoryService
@@ -38,7 +40,10 @@ def store_url(tmp_path: Path, storage_url: str, name: str = OWN_STORE) -> str:
     path, query, rest = storage_url.partition("?")
     folder, slash, last = path.rpartition("/")
     stem, dot, extension = last.partition(".")
-    return f"{folder}{slash}{stem}-{name}{dot}{extension}{query}{rest}"
+    url = f"{folder}{slash}{stem}-{name}{dot}{extension}{query}{rest}"
+    if postgres.is_postgres(url) and url not in postgres.made:
+        postgres.create_database(url)
+    return url
 
 
 def store_place(

@@ -21,8 +21,16 @@ from helpers.records import fact, unit
 from memory_mcp import ranker
 from memory_mcp.config import Settings, StorageSettings
 from memory_mcp.errors import InvalidInput
-from memory_mcp.records import MergedEntry, Record, content_hash, format_time, utcnow
-from memory_mcp.storage import Filters, Store, open_store
+from memory_mcp.lexical import query_terms, stem
+from memory_mcp.records import (
+    MergedEntry,
+    Record,
+    content_hash,
+    format_time,
+    merged_text,
+    utcnow,
+)
+from memory_mcp.storage import Filters, Store, bm25, open_store
 from memory_mcp.storage.base import TaskState
 
 pytestmark = pytest.mark.anyio
@@ -163,6 +171,64 @@ async def test_search_filters_apply_before_the_limit(store: Store) -> None:
     if embedder:
         near = await store.nearest(unit(1, 0, 0), embedder, FACTS, 2)
         assert {s.record.id for s in near} == {r.id for r in wanted}
+
+
+async def test_lexical_relevance_is_fts5s_bm25_on_every_backend(store: Store) -> None:
+    """One lexical ranking: the scores ``storage.bm25`` computes (FTS5's BM25 over every
+    record, archived ones too, with the column weights), in the same order."""
+    texts = [
+        ("Deploys run from the main branch after review", [], ["ci"]),
+        ("The deploy script deploys twice when the cache is cold", [], []),
+        ("Deploying on Fridays is forbidden; deploy on Monday", ["never deploy late"], []),
+        ("Use pnpm for the frontend packages", [], ["deploy"]),
+        ("The staging database migrates before each deploy of the api", [], []),
+    ]
+    records = [record(text, tags=tags) for text, _, tags in texts]
+    for r, (_, folded, _) in zip(records, texts, strict=True):
+        r.merged_from = [
+            MergedEntry(f"f_{n}", t, r.created_at, "test", r.created_at)
+            for n, t in enumerate(folded)
+        ]
+    gone = record("deploy deploy deploy, archived")
+    await insert(store, *records, gone)
+    async with store.write() as tx:
+        await tx.archive(gone.id, "forgotten", format_time(NOW))
+    everything = [*records, gone]
+    indexed = {
+        r.id: bm25.document_terms(bm25.indexed_columns(r.content, merged_text(r), r.tags))
+        for r in everything
+    }
+    average = sum(length for length, _ in indexed.values()) / len(indexed)
+    query = "deploy the cache on monday"
+    terms = query_terms(query)
+    holding = {stem(t): sum(1 for _, held in indexed.values() if stem(t) in held) for t in terms}
+    expected = {
+        r.id: bm25.score(
+            terms, indexed[r.id][1], indexed[r.id][0], len(everything), average, holding
+        )
+        for r in records
+    }
+    found = await store.lexical(query, FACTS, 10)
+    assert [s.record.id for s in found] == sorted(expected, key=lambda i: -expected[i])
+    for hit in found:
+        assert hit.score == pytest.approx(expected[hit.record.id], rel=1e-6)
+
+
+async def test_a_selective_filter_still_finds_the_nearest_that_pass_it(store: Store) -> None:
+    """Hundreds of nearer vectors that the filters reject do not hide the ones they keep."""
+    if not store.vectors_available:
+        pytest.skip("this store has no vectors")
+    crowd = [record(f"crowd note {n}", embedder="test:3") for n in range(300)]
+    wanted = [record(f"tagged note {n}", tags=["keep"], embedder="test:3") for n in range(3)]
+    dense = [unit(1, 0.001 * n, 0)[None, :] for n in range(300)]
+    dense += [unit(1, 0.5 + n, 0)[None, :] for n in range(3)]
+    await insert(store, *crowd, *wanted, vectors=dense)
+    tagged = Filters((SCOPE,), ("facts",), tags=("keep",))
+    near = await store.nearest(unit(1, 0, 0), "test:3", tagged, 2)
+    assert [s.record.id for s in near] == [wanted[0].id, wanted[1].id]
+    some = Filters((SCOPE,), ("facts",), exclude_ids=tuple(r.id for r in crowd[:100]))
+    near = await store.nearest(unit(1, 0, 0), "test:3", some, 60)
+    assert [s.record.id for s in near] == [r.id for r in crowd[100:160]]
 
 
 async def test_text_is_plain_words_whatever_it_holds(store: Store) -> None:

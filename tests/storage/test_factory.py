@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 
 from memory_mcp.config import Settings, StorageSettings, load_settings
-from memory_mcp.errors import ConfigError
+from memory_mcp.errors import ConfigError, StorageError
 from memory_mcp.storage.factory import open_store, redacted
 
 pytestmark = pytest.mark.anyio
@@ -49,13 +50,23 @@ def test_the_url_comes_from_the_environment_too(tmp_path: Path) -> None:
     assert loaded.settings.database_path() == target
 
 
-async def test_a_backend_this_version_lacks_is_a_clear_configuration_error(
+async def test_an_unreachable_postgres_server_is_a_storage_error_without_its_password(
     tmp_path: Path,
 ) -> None:
-    url = "postgresql://memory:hunter2@db.example:5432/memory"
-    with pytest.raises(ConfigError, match="not available in this version") as caught:
+    url = "postgresql://memory:hunter2@127.0.0.1:1/memory?connect_timeout=2"
+    with pytest.raises(StorageError, match="cannot connect") as caught:
         await open_store(with_url(url, tmp_path))
-    assert "hunter2" not in str(caught.value) and "memory:***@db.example:5432" in str(caught.value)
+    assert "hunter2" not in str(caught.value) and "memory:***@127.0.0.1:1" in str(caught.value)
+
+
+async def test_a_missing_postgres_driver_is_a_configuration_error_that_says_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # import psycopg raises ImportError
+    url = "postgresql://memory:hunter2@db.example:5432/memory"
+    with pytest.raises(ConfigError, match=r"memory-mcp\[postgres\]") as caught:
+        await open_store(with_url(url, tmp_path))
+    assert "hunter2" not in str(caught.value)
 
 
 @pytest.mark.parametrize("url", ["mongodb://host/db", "sqlite:", "sqlite://relative.db"])

@@ -2,9 +2,9 @@
 
 Every module above ``storage/`` is typed against ``Store`` and
 ``WriteTransaction`` and imports no backend; ``storage.open_store`` picks the
-backend from ``storage.url``. ``storage/sqlite/`` is the one there is; a
-Postgres + pgvector backend for teams is planned behind the same two protocols,
-and ``tests/storage/test_contract.py`` says what any backend must do.
+backend from ``storage.url``: ``storage/sqlite/`` (the default) or
+``storage/postgres/`` (PostgreSQL + pgvector, for teams), and
+``tests/storage/test_contract.py`` says what any backend must do.
 
 Writes happen inside ``write()``, a transaction that holds the store's write
 lock across processes, so that the fold decision and the write it leads to are

@@ -2,7 +2,8 @@
 
     ""                        the default SQLite file (``data_dir``/memory.db)
     sqlite:///path/memory.db  a SQLite file of your choice
-    postgresql://…            a backend this version does not have: a clear error
+    postgresql://…            PostgreSQL + pgvector (``storage/postgres``; the ``postgres``
+                              extra installs its driver)
 
 Backends load lazily, so that an installation uses (and needs) only its own.
 A URL is never shown with its password (``redacted``).
@@ -25,8 +26,8 @@ if TYPE_CHECKING:
     from memory_mcp.config import Settings
     from memory_mcp.storage.base import Store
 
-# Schemes of backends planned but not in this version, by the module that will hold them.
-_PLANNED = {"postgresql": "postgres", "postgres": "postgres"}
+# Schemes of the backends besides SQLite, by the module that holds them.
+_BACKENDS = {"postgresql": "postgres", "postgres": "postgres"}
 
 
 def scheme(url: str) -> str:
@@ -78,7 +79,8 @@ async def open_store(
         clock: the store's time for a backend that runs on this machine (SQLite).
 
     Raises:
-        ConfigError: the URL names a backend this version does not have, or none.
+        ConfigError: the URL names a backend this version does not have, or none, or
+            one whose driver is not installed.
         StorageError: the store cannot be opened or migrated.
     """
     url = settings.storage.url.strip()
@@ -93,31 +95,35 @@ async def open_store(
             busy_timeout_ms=settings.storage.busy_timeout_ms,
             clock=clock,
         )
-    module = _PLANNED.get(name)
+    module = _BACKENDS.get(name)
     if module is None:
         raise ConfigError(
             f"storage.url {redacted(url)!r}: no storage backend is called {name!r}; "
             "leave it empty (or write sqlite:///path/to/memory.db) for SQLite"
         )
-    try:
-        backend = importlib.import_module(f"memory_mcp.storage.{module}")
-    except ImportError as exc:
-        raise ConfigError(
-            f"storage.url {redacted(url)!r} needs the {name} storage backend, which is not "
-            "available in this version of memory-mcp; leave storage.url empty (or write "
-            "sqlite:///path/to/memory.db) to use SQLite"
-        ) from exc
+    backend = importlib.import_module(f"memory_mcp.storage.{module}")
     opened: Store = await backend.open_store(url, settings, clock=clock)
     return opened
 
 
 def names_store(url: str, store: Store, settings: Settings) -> bool:
-    """Whether ``url`` (a ``storage.url``) names ``store``, however it is spelled (a SQLite
-    file by its real path, symlinks and ``..`` resolved; another backend by its URL
-    without credentials)."""
-    if scheme(url) != store.backend:
+    """Whether ``url`` (a ``storage.url``) names ``store``, however it is spelled: a SQLite
+    file by its real path (symlinks and ``..`` resolved), another backend by its URL
+    without credentials, the scheme's aliases and letter case (``postgres://`` is
+    ``postgresql://``, a host is the same in any case)."""
+    url = url.strip()
+    name = scheme(url)
+    if _BACKENDS.get(name, name) != store.backend:
         return False
     if store.backend == "sqlite":
-        path = sqlite_path(url.strip(), settings.database_path())
+        path = sqlite_path(url, settings.database_path())
         return os.path.realpath(path) == os.path.realpath(store.location)
-    return redacted(url.strip()).rstrip("/") == store.location.rstrip("/")
+    return _canonical(url) == _canonical(store.location.split(" (schema ", 1)[0])
+
+
+def _canonical(url: str) -> tuple[object, ...]:
+    """What tells two URLs of one backend's server and database apart."""
+    parts = urlsplit(url)
+    query = sorted(p for p in parts.query.split("&") if p)
+    host = (parts.hostname or "").lower()
+    return (parts.username or "", host, parts.port, parts.path.rstrip("/"), tuple(query))

@@ -10,8 +10,16 @@ from typing import TYPE_CHECKING, Any
 import aiosqlite
 
 from memory_mcp.passages import MAX_PASSAGES
-from memory_mcp.records import Conflict, MergedEntry, Record, derived, merged_text
+from memory_mcp.records import Conflict, MergedEntry, Record, merged_text
 from memory_mcp.storage.base import TaskState, Vector
+from memory_mcp.storage.history import unfold
+from memory_mcp.storage.rows import (
+    conflict_params,
+    content_params,
+    finish_params,
+    merged_params,
+    texts_params,
+)
 from memory_mcp.storage.sqlite.driver import OPERATIONAL_ERRORS
 from memory_mcp.storage.sqlite.queries import Queries
 from memory_mcp.storage.sqlite.sql import (
@@ -181,15 +189,7 @@ class Transaction(Queries):
         await self.execute(
             "INSERT INTO conflicts (scope_key, record_id, other_id, reason, created_at, "
             "resolved_at, resolution) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            [
-                conflict.scope_key,
-                conflict.record_id,
-                conflict.other_id,
-                conflict.reason,
-                conflict.created_at,
-                conflict.resolved_at,
-                conflict.resolution,
-            ],
+            conflict_params(conflict),
         )
         return True
 
@@ -208,42 +208,20 @@ class Transaction(Queries):
 
     async def update_merged(self, record: Record, at: str) -> bool:
         """Write what a fold into a current record changed (``write.absorb``)."""
-        columns = derived(record)
         changed = await self.execute(
             "UPDATE records SET merged_from = ?, merged_text = ?, fold_count = ?, "
-            "access_count = ?, last_access_at = ?, supersedes = ?, pinned = ?, tags = ?, "
-            "importance = ?, meta = ?, updated_at = ? WHERE id = ? AND live = 1",
-            [
-                json.dumps([m.to_json() for m in record.merged_from], ensure_ascii=False),
-                columns.merged_text,
-                record.fold_count,
-                record.access_count,
-                record.last_access_at,
-                json.dumps(record.supersedes),
-                int(record.pinned),
-                json.dumps(record.tags, ensure_ascii=False),
-                record.importance,
-                json.dumps(record.meta, ensure_ascii=False),
-                at,
-                record.id,
-            ],
+            "access_count = ?, last_access_at = ?, supersedes = ?, pinned = ?, "
+            "tags = ?, importance = ?, meta = ?, updated_at = ? WHERE id = ? AND live = 1",
+            merged_params(record, at),
         )
         return changed > 0
 
     async def set_content(self, record: Record, at: str) -> bool:
         """Replace a current record's text (a refined merge); its vectors must be redone."""
-        columns = derived(record)
         changed = await self.execute(
             "UPDATE records SET content = ?, content_hash = ?, emphasis = ?, meta = ?, "
             "updated_at = ? WHERE id = ? AND live = 1",
-            [
-                record.content,
-                columns.content_hash,
-                columns.emphasis,
-                json.dumps(record.meta, ensure_ascii=False),
-                at,
-                record.id,
-            ],
+            content_params(record, at),
         )
         if changed:
             await self.drop_vectors(record.id)
@@ -254,19 +232,10 @@ class Transaction(Queries):
         folded texts and meta. Triggers redo its full-text row; a current record's
         vectors are dropped, since they were made from the old texts, and re-embedding
         makes them again. ``updated_at`` stays: the memory says what it said."""
-        columns = derived(record)
         changed = await self.execute(
-            "UPDATE records SET content = ?, content_hash = ?, emphasis = ?, merged_from = ?, "
-            "merged_text = ?, meta = ? WHERE id = ?",
-            [
-                record.content,
-                columns.content_hash,
-                columns.emphasis,
-                json.dumps([m.to_json() for m in record.merged_from], ensure_ascii=False),
-                columns.merged_text,
-                json.dumps(record.meta, ensure_ascii=False),
-                record.id,
-            ],
+            "UPDATE records SET content = ?, content_hash = ?, emphasis = ?, "
+            "merged_from = ?, merged_text = ?, meta = ? WHERE id = ?",
+            texts_params(record),
         )
         if changed:
             await self.drop_vectors(record.id)
@@ -296,7 +265,7 @@ class Transaction(Queries):
             return None
         folded = record.archived_reason == "folded" and record.replaced_by is not None
         if folded:
-            await self._unfold(record, at)
+            await unfold(self, record, at)
         await self.execute(
             "UPDATE records SET archived_at = NULL, archived_reason = NULL, "
             "replaced_by = CASE WHEN ? THEN NULL ELSE replaced_by END WHERE id = ?",
@@ -342,32 +311,6 @@ class Transaction(Queries):
             [at, alias],
         )
         return changed > 0
-
-    async def _unfold(self, record: Record, at: str) -> None:
-        """Take a folded record's texts out of the current record that holds them.
-
-        The holder loses the entry of the record and the entries the record had
-        absorbed itself, and the folds and accesses they brought; tags and
-        importance it took over stay.
-        """
-        holder_id = record.replaced_by
-        seen: set[str] = set()
-        while holder_id is not None and holder_id not in seen:
-            seen.add(holder_id)
-            holder = await self.get(holder_id)
-            if holder is None:
-                return
-            if holder.current:
-                gone = {record.id, *(m.id for m in record.merged_from)}
-                kept = [m for m in holder.merged_from if m.id not in gone]
-                if len(kept) != len(holder.merged_from):
-                    holder.merged_from = kept
-                    holder.fold_count = max(0, holder.fold_count - record.fold_count - 1)
-                    holder.access_count = max(0, holder.access_count - record.access_count)
-                    await self.update_merged(holder, at)
-                    await self.drop_vectors(holder.id)
-                return
-            holder_id = holder.replaced_by
 
     async def purge(self, record_ids: Sequence[str], archived_before: str, at: str) -> int:
         """Hard-delete archived records archived before a time, with their history.
@@ -460,16 +403,6 @@ class Transaction(Queries):
             "UPDATE maintenance SET holder = NULL, lease_until = NULL, last_started_at = ?, "
             "last_finished_at = ?, last_summary = ?, last_error = ?, failures = ?, "
             "retry_after = ?, cursor = ? WHERE task = ? AND holder = ?",
-            [
-                state.last_started_at,
-                state.last_finished_at,
-                json.dumps(state.last_summary),
-                state.last_error,
-                state.failures,
-                state.retry_after,
-                json.dumps(state.cursor),
-                state.task,
-                holder,
-            ],
+            finish_params(state, holder),
         )
         return changed > 0

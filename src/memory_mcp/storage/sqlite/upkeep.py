@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 from memory_mcp.records import Conflict, Record
 from memory_mcp.storage.base import Position, ScopeAlias, TaskState
+from memory_mcp.storage.rows import TASK_COLUMNS, task_of
 from memory_mcp.storage.sqlite.sql import SELECT, marks, record_of, seq_of
 
 if TYPE_CHECKING:
@@ -184,22 +184,5 @@ class UpkeepReads:
 
     async def tasks(self) -> dict[str, TaskState]:
         """Every maintenance task's state, by name."""
-        rows = await self.reads.fetch(
-            "SELECT task, holder, lease_until, last_started_at, last_finished_at, last_summary, "
-            "last_error, failures, retry_after, cursor FROM maintenance ORDER BY task"
-        )
-        return {
-            str(row[0]): TaskState(
-                task=str(row[0]),
-                holder=row[1],
-                lease_until=row[2],
-                last_started_at=row[3],
-                last_finished_at=row[4],
-                last_summary=json.loads(row[5]),
-                last_error=row[6],
-                failures=int(row[7]),
-                retry_after=row[8],
-                cursor=json.loads(row[9]),
-            )
-            for row in rows
-        }
+        rows = await self.reads.fetch(f"SELECT {TASK_COLUMNS} FROM maintenance ORDER BY task")
+        return {str(row[0]): task_of(row) for row in rows}

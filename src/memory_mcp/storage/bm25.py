@@ -1,0 +1,74 @@
+"""Lexical relevance, defined once: Okapi BM25 as SQLite's FTS5 computes it.
+
+The SQLite backend asks FTS5 (``bm25(records_fts, *COLUMN_WEIGHTS)``); a backend
+without FTS5 stores each record's ``document_terms`` and computes ``score`` in
+SQL, so that the same records rank the same way on either (the contract suite
+compares them with ``score`` here).
+
+FTS5's BM25, for a query of phrases q1..qn and a document D::
+
+    score(D) = sum_i idf(qi) * f(qi, D) * (K1 + 1) / (f(qi, D) + K1 * (1 - B + B * |D| / avgdl))
+    idf(q) = max(1e-6, ln((N - n(q) + 0.5) / (n(q) + 0.5)))
+
+where ``f`` sums the column weights of each occurrence of the phrase's term, ``|D|``
+counts every token of every column (stop words too), ``avgdl`` is the mean of
+``|D|`` and ``N`` the number of documents over the whole index (archived records
+too), and ``n(q)`` the documents holding ``q``. A word of the query is a
+``lexical.query_terms`` term; a token of a document a ``lexical.words`` word;
+both are compared by their Porter ``lexical.stem`` (FTS5's ``porter unicode61
+remove_diacritics 2`` tokenizer).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+
+from memory_mcp.lexical import stem, words
+
+K1 = 1.2
+B = 0.75
+# Weights of the indexed columns: the record's own text, the texts it absorbed by
+# folds, its tags.
+COLUMN_WEIGHTS = (1.0, 0.8, 0.3)
+
+
+def indexed_columns(content: str, merged_text: str, tags: Sequence[str]) -> tuple[str, str, str]:
+    """The three texts a record is found by, as the full-text index holds them."""
+    return content, merged_text, json.dumps(list(tags), ensure_ascii=False)
+
+
+def document_terms(columns: Sequence[str]) -> tuple[int, dict[str, float]]:
+    """A document's length ``|D|`` and the weighted frequency ``f`` of each stem in it."""
+    length = 0
+    weighted: dict[str, float] = {}
+    for text, weight in zip(columns, COLUMN_WEIGHTS, strict=True):
+        tokens = words(text)
+        length += len(tokens)
+        for token in tokens:
+            key = stem(token)
+            weighted[key] = weighted.get(key, 0.0) + weight
+    return length, weighted
+
+
+def idf(documents: int, holding: int) -> float:
+    value = math.log((documents - holding + 0.5) / (holding + 0.5))
+    return value if value > 0 else 1e-6
+
+
+def score(
+    query: Sequence[str],
+    terms: Mapping[str, float],
+    length: int,
+    documents: int,
+    average_length: float,
+    holding: Mapping[str, int],
+) -> float:
+    """BM25 of one document (``document_terms``) for the query terms ``query``."""
+    total = 0.0
+    for term in query:
+        f = terms.get(stem(term), 0.0)
+        norm = K1 * (1 - B + B * length / average_length)
+        total += idf(documents, holding.get(stem(term), 0)) * f * (K1 + 1) / (f + norm)
+    return total

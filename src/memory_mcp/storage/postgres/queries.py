@@ -1,0 +1,237 @@
+"""Read queries, shared by the store (a pooled connection per read) and write transactions."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from typing import TYPE_CHECKING, Any
+
+from memory_mcp.lexical import query_terms, stem
+from memory_mcp.records import Record
+from memory_mcp.storage.base import Around, Filters, Scored, Vector
+from memory_mcp.storage.postgres.sql import filters_sql, hash_sql, lexical_sql
+from memory_mcp.storage.rows import SELECT, record_of
+
+if TYPE_CHECKING:
+    from memory_mcp.storage.postgres.store import PgStore
+
+# The nearest-neighbour search asks the HNSW index for this many rows per wanted
+# record at first, doubling while the filters reject too many. pgvector (0.6)
+# filters *after* the index scan, which returns at most ``hnsw.ef_search`` rows
+# (and may return fewer): each round raises ef_search to the depth it asks for,
+# up to its maximum (1,000); past it, when the filters keep no row at all (a
+# selective filter), or when the index returned fewer rows than asked (a small
+# space, or a graph that ran dry), an exact scan of the rows that pass the
+# filters answers instead.
+_FIRST_DEPTH = 2
+_MIN_DEPTH = 40
+EF_SEARCH_MAX = 1000
+# The write path looks for lexical candidates with a memory's rarest words
+# (as the SQLite backend does; see ``sqlite.queries``).
+_RARE_TERMS = 8
+_RARE_POSTINGS = 5_000
+
+
+def rarest(terms: list[str], held: dict[str, int]) -> list[str]:
+    """The rarest of ``terms`` by ``held`` (records per stem): up to ``_RARE_TERMS`` words,
+    fewer once they match ``_RARE_POSTINGS`` records together (at least two). Words no
+    record holds match nothing, cost nothing, and stay."""
+    stems = {term: stem(term) for term in terms}
+    kept = [t for t in terms if stems[t] not in held]
+    known = sorted((t for t in terms if stems[t] in held), key=lambda t: held[stems[t]])
+    total = 0
+    for count, term in enumerate(known):
+        if count >= _RARE_TERMS or (count >= 2 and total + held[stems[term]] > _RARE_POSTINGS):
+            break
+        kept.append(term)
+        total += held[stems[term]]
+    return kept
+
+
+class Queries:
+    """Reads over ``fetch``, which a subclass runs on its connection(s)."""
+
+    _store: PgStore
+
+    async def fetch(
+        self, sql: str, params: Sequence[Any] = (), *, ef_search: int | None = None
+    ) -> list[Any]:
+        """The rows of one query (``ef_search``: HNSW's candidate list for this one)."""
+        raise NotImplementedError
+
+    async def lexical(
+        self, text: str, filters: Filters, k: int, *, rare_words: bool = False
+    ) -> list[Scored]:
+        """Records matching words of ``text``, best BM25 first (``bm25``: as FTS5 ranks)."""
+        terms = query_terms(text)
+        if rare_words and len(terms) > 2:
+            terms = rarest(terms, await self.document_counts({stem(t) for t in terms}))
+        if not terms or not filters.scope_keys:
+            return []
+        where, params = filters_sql(filters)
+        rows = await self.fetch(lexical_sql(where), [[stem(t) for t in terms], *params, k])
+        return [Scored(record_of(row), float(row[-1])) for row in rows]
+
+    async def document_counts(self, stems: Collection[str]) -> dict[str, int]:
+        """How many records hold each of these stems (those that some record holds)."""
+        rows = await self.fetch(
+            "SELECT t.term, (SELECT count(*) FROM record_terms x WHERE x.term = t.term) "
+            "FROM unnest(%s::text[]) AS t(term)",
+            [list(stems)],
+        )
+        return {str(term): int(n) for term, n in rows if n}
+
+    async def nearest(
+        self, vector: Vector, embedder: str, filters: Filters, k: int
+    ) -> list[Scored]:
+        """The ``k`` current records nearest ``vector`` (best passage), filters before ``k``."""
+        space = await self._store.space(self, embedder)
+        if space is None or not filters.scope_keys or k <= 0:
+            return []
+        number, dim = space
+        where, params = filters_sql(filters)
+        query = _unit(vector)
+        depth = max(k * _FIRST_DEPTH, _MIN_DEPTH)
+        while depth <= EF_SEARCH_MAX:
+            rows = await self.fetch(
+                f"WITH near AS MATERIALIZED (SELECT v.seq, "
+                f"v.embedding::vector({dim}) <=> %s::vector({dim}) AS d FROM vectors v "
+                f"WHERE v.space = {number} ORDER BY v.embedding::vector({dim}) "
+                f"<=> %s::vector({dim}) LIMIT %s), "
+                "best AS (SELECT seq, 1.0 - min(d) AS sim FROM near GROUP BY seq) "
+                f"SELECT {SELECT}, best.sim, (SELECT count(*) FROM near) "
+                f"FROM best JOIN records r ON r.seq = best.seq WHERE {where} "
+                "ORDER BY best.sim DESC, r.seq LIMIT %s",
+                [query, query, depth, *params, k],
+                ef_search=depth,
+            )
+            if len(rows) >= k:
+                return [Scored(record_of(row), float(row[-2])) for row in rows]
+            if not rows or int(rows[0][-1]) < depth:
+                break  # nothing passes, or the index gave fewer rows than asked: scan
+            depth *= 2
+        rows = await self.fetch(
+            f"SELECT {SELECT}, b.sim FROM (SELECT v.seq, 1.0 - min(v.embedding <=> %s) AS sim "
+            f"FROM vectors v JOIN records r ON r.seq = v.seq WHERE v.space = {number} "
+            f"AND {where} GROUP BY v.seq) b JOIN records r ON r.seq = b.seq "
+            "ORDER BY b.sim DESC, r.seq LIMIT %s",
+            [query, *params, k],
+        )
+        return [Scored(record_of(row), float(row[-1])) for row in rows]
+
+    async def dense_scores(
+        self, vector: Vector, embedder: str, record_ids: Sequence[str]
+    ) -> dict[str, float]:
+        """The best passage cosine of each given current record that has vectors."""
+        space = await self._store.space(self, embedder)
+        if space is None or not record_ids:
+            return {}
+        rows = await self.fetch(
+            "SELECT r.id, 1.0 - min(v.embedding <=> %s) FROM records r "
+            f"JOIN vectors v ON v.seq = r.seq AND v.space = {space[0]} "
+            "WHERE r.id = ANY(%s) AND r.embedder = %s GROUP BY r.id",
+            [_unit(vector), list(record_ids), embedder],
+        )
+        return {str(i): float(s) for i, s in rows}
+
+    async def in_conversation(
+        self, record_ids: Sequence[str], within_seconds: float, embedder: str
+    ) -> dict[str, Around]:
+        """Each record's whole-text vector from ``embedder``, with its neighbours in time
+        (the current records of its scope and corpus written just before and after it,
+        no more than ``within_seconds`` apart; ``sqlite.queries`` has the same)."""
+        space = await self._store.space(self, embedder)
+        if space is None or not record_ids:
+            return {}
+        side = (
+            "(SELECT o.id FROM records o WHERE o.scope_key = c.scope_key "
+            "AND o.corpus = c.corpus AND o.live AND o.created_at {cmp}= c.created_at "
+            "AND (o.created_at {cmp} c.created_at OR o.seq {cmp} c.seq) "
+            "ORDER BY o.created_at {order}, o.seq {order} LIMIT 1)"
+        )
+        near = within_seconds > 0
+        sides = (
+            f", {side.format(cmp='<', order='DESC')}, {side.format(cmp='>', order='ASC')}"
+            if near
+            else ", NULL, NULL"
+        )
+        rows = await self.fetch(
+            f"SELECT c.id{sides} FROM records c WHERE c.id = ANY(%s) AND c.embedder = %s "
+            "AND c.vec_rows > 0",
+            [list(record_ids), embedder],
+        )
+        if not rows:
+            return {}
+        wanted = {str(i) for row in rows for i in row if i is not None}
+        found = await self.fetch(
+            "SELECT r.id, r.created_at, v.embedding FROM records r JOIN vectors v "
+            f"ON v.seq = r.seq AND v.passage = 0 AND v.space = {space[0]} "
+            "WHERE r.id = ANY(%s) AND r.embedder = %s AND r.live",
+            [sorted(wanted), embedder],
+        )
+        from memory_mcp.records import parse_time
+
+        vector_of = {str(i): _array(e) for i, _, e in found}
+        when = {str(i): parse_time(str(t)) for i, t, _ in found}
+        result: dict[str, Around] = {}
+        for record_id, *others in rows:
+            if record_id not in vector_of:
+                continue
+            neighbours = {
+                o: vector_of[o]
+                for o in others
+                if o is not None
+                and o in vector_of
+                and abs((when[o] - when[record_id]).total_seconds()) <= within_seconds
+            }
+            result[str(record_id)] = Around(vector_of[record_id], neighbours)
+        return result
+
+    async def vectors_of(self, record_id: str, embedder: str) -> Vector | None:
+        """A current record's passage vectors from ``embedder`` (whole text first)."""
+        import numpy as np
+
+        rows = await self.fetch(
+            "SELECT v.embedding FROM records r JOIN vectors v ON v.seq = r.seq "
+            "WHERE r.id = %s AND r.embedder = %s AND r.live ORDER BY v.passage",
+            [record_id, embedder],
+        )
+        if not rows:
+            return None
+        return np.stack([_array(row[0]) for row in rows])
+
+    async def find_by_hash(self, content_hash: str, filters: Filters) -> list[Record]:
+        where, params = filters_sql(filters)
+        rows = await self.fetch(hash_sql(where), [content_hash, *params])
+        return [record_of(row) for row in rows]
+
+    async def current(self, filters: Filters, limit: int) -> list[Record]:
+        """Current records matching ``filters``, newest first."""
+        where, params = filters_sql(filters)
+        rows = await self.fetch(
+            f"SELECT {SELECT} FROM records r WHERE {where} "
+            "ORDER BY r.created_at DESC, r.seq DESC LIMIT %s",
+            [*params, limit],
+        )
+        return [record_of(row) for row in rows]
+
+    async def get(self, record_id: str) -> Record | None:
+        rows = await self.fetch(f"SELECT {SELECT} FROM records r WHERE r.id = %s", [record_id])
+        return record_of(rows[0]) if rows else None
+
+
+def _unit(vector: Vector) -> Any:
+    """A query vector as pgvector takes it (one row: the whole text)."""
+    import numpy as np
+    from pgvector import Vector as PgVector
+
+    flat = np.asarray(vector, dtype=np.float32).reshape(-1)
+    return PgVector(flat)
+
+
+def _array(value: Any) -> Vector:
+    """A stored vector as a float32 array."""
+    import numpy as np
+
+    if hasattr(value, "to_numpy"):  # pgvector's own Vector
+        value = value.to_numpy()
+    return np.asarray(value, dtype=np.float32)

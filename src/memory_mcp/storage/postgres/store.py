@@ -1,0 +1,453 @@
+"""``PgStore``: the connection pool, the write lock, and the store-wide reads."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
+from contextlib import asynccontextmanager
+from datetime import datetime
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from memory_mcp.errors import StorageError
+from memory_mcp.ranker import RankerConfig
+from memory_mcp.records import Record, format_time, utcnow
+from memory_mcp.storage.base import (
+    Diagnosis,
+    Filters,
+    StoreStats,
+)
+from memory_mcp.storage.factory import redacted
+from memory_mcp.storage.postgres.migrations import WRITE_LOCK, migrate
+from memory_mcp.storage.postgres.queries import Queries
+from memory_mcp.storage.postgres.sql import filters_sql, storage_error
+from memory_mcp.storage.postgres.transaction import Transaction
+from memory_mcp.storage.postgres.upkeep import UpkeepReads
+from memory_mcp.storage.rows import POSTGRES, SELECT, prior_sql, record_of
+
+if TYPE_CHECKING:
+    import psycopg
+    from psycopg_pool import AsyncConnectionPool
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SCHEMA = "memory_mcp"
+_POOL_SIZE = 4
+_CONNECT_TIMEOUT = 10  # seconds
+
+
+class PgStore(UpkeepReads, Queries):
+    """A store in a PostgreSQL database with pgvector (team mode)."""
+
+    def __init__(
+        self,
+        url: str,
+        schema: str,
+        pool: AsyncConnectionPool[Any],
+        *,
+        server: str,
+        vector_version: str,
+        busy_timeout_ms: int = 15000,
+    ) -> None:
+        self.url = url
+        self.schema = schema
+        self._pool = pool
+        self._server = server
+        self._vector_version = vector_version
+        self.busy_timeout_ms = busy_timeout_ms
+        self._store = self
+        self._write_lock = anyio.Lock()
+        self._spaces: dict[str, tuple[int, int]] = {}  # embedder -> (space, dimension)
+
+    @classmethod
+    async def open(
+        cls,
+        url: str,
+        *,
+        schema: str = DEFAULT_SCHEMA,
+        busy_timeout_ms: int = 15000,
+        backup_dir: Path | None = None,
+    ) -> PgStore:
+        """Connect to the database ``url`` names, prepare and migrate ``schema``.
+
+        Credentials come from the URL, the environment (``PGPASSWORD``…) or
+        libpq's password file; none is ever shown (``factory.redacted``).
+        ``backup_dir`` receives a backup (``dump.FORMAT``) before a pending
+        migration runs on a schema that holds one already.
+
+        Raises:
+            StorageError: the server cannot be reached, refuses, or cannot be migrated.
+        """
+        import psycopg
+        from psycopg_pool import AsyncConnectionPool
+
+        shown = redacted(url)
+        try:
+            conn = await psycopg.AsyncConnection.connect(
+                url, autocommit=True, connect_timeout=_CONNECT_TIMEOUT
+            )
+        except psycopg.Error as exc:
+            raise StorageError(f"cannot connect to {shown}: {exc}") from exc
+        try:
+            async with conn:
+                await conn.execute(f"SET search_path TO {_ident(schema)}, public".encode())
+                applied = await migrate(
+                    conn, schema, backup=_backup_before(url, schema, backup_dir)
+                )
+                if applied:
+                    log.info("applied migrations to %s: %s", shown, ", ".join(applied))
+                cursor = await conn.execute(
+                    "SELECT current_setting('server_version'), e.extversion, n.nspname "
+                    "FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace "
+                    "WHERE e.extname = 'vector'"
+                )
+                server, vector_version, extension_schema = await _one(cursor)
+        except psycopg.Error as exc:
+            raise StorageError(f"cannot use the database at {shown}: {exc}") from exc
+        path = f"{_ident(schema)}, {_ident(str(extension_schema))}"
+
+        async def configure(conn: psycopg.AsyncConnection[Any]) -> None:
+            from pgvector.psycopg import register_vector_async
+
+            await conn.execute(f"SET search_path TO {path}".encode())
+            await register_vector_async(conn)
+
+        pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+            url,
+            min_size=1,
+            max_size=_POOL_SIZE,
+            open=False,
+            kwargs={"autocommit": True, "connect_timeout": _CONNECT_TIMEOUT},
+            configure=configure,
+            name="memory-mcp",
+        )
+        try:
+            await pool.open(wait=True, timeout=_CONNECT_TIMEOUT)
+        except Exception as exc:
+            await pool.close()
+            raise StorageError(f"cannot open connections to {shown}: {exc}") from exc
+        store = cls(
+            url,
+            schema,
+            pool,
+            server=str(server),
+            vector_version=str(vector_version),
+            busy_timeout_ms=busy_timeout_ms,
+        )
+        async with store.write() as tx:
+            await store.ensure_indexes(tx)
+        return store
+
+    @property
+    def backend(self) -> str:
+        return "postgres"
+
+    @property
+    def location(self) -> str:
+        shown = redacted(self.url)
+        return shown if self.schema == DEFAULT_SCHEMA else f"{shown} (schema {self.schema})"
+
+    @property
+    def details(self) -> str:
+        return f"PostgreSQL {self._server}, pgvector {self._vector_version} (HNSW, cosine)"
+
+    @property
+    def vectors_available(self) -> bool:
+        return True
+
+    async def close(self) -> None:
+        with anyio.CancelScope(shield=True):
+            await self._pool.close()
+
+    async def fetch(
+        self, sql: str, params: Sequence[Any] = (), *, ef_search: int | None = None
+    ) -> list[Any]:
+        import psycopg
+
+        try:
+            async with self._pool.connection() as conn:
+                if ef_search is None:
+                    cursor = await conn.execute(sql.encode(), params)
+                    return await cursor.fetchall() if cursor.description else []
+                async with conn.transaction():
+                    await conn.execute(
+                        "SELECT set_config('hnsw.ef_search', %s, true)", [str(ef_search)]
+                    )
+                    cursor = await conn.execute(sql.encode(), params)
+                    rows: list[Any] = await cursor.fetchall()
+                    return rows
+        except psycopg.Error as exc:
+            raise storage_error(exc) from exc
+
+    @asynccontextmanager
+    async def write(self) -> AsyncIterator[Transaction]:
+        """A transaction holding the store's write lock, for every process on the database.
+
+        The lock is one transaction-scoped advisory lock for the whole store
+        (``pg_advisory_xact_lock``): ``write()`` is not told which scope it will
+        write, a fold decision reads the global scope beside the project's, and
+        maintenance writes across scopes; so, as SQLite's ``BEGIN IMMEDIATE``,
+        one writer at a time, each for milliseconds. Statements after the lock
+        see every write committed before it (READ COMMITTED).
+        """
+        import psycopg
+        from psycopg import errors
+
+        async with self._write_lock:
+            spaces = dict(self._spaces)
+            try:
+                async with self._pool.connection() as conn, conn.transaction():
+                    await conn.execute(
+                        "SELECT set_config('lock_timeout', %s, true)",
+                        [f"{self.busy_timeout_ms}ms"],
+                    )
+                    try:
+                        await conn.execute("SELECT pg_advisory_xact_lock(%s)", [WRITE_LOCK])
+                    except errors.LockNotAvailable as exc:
+                        raise StorageError(
+                            "the database is busy: another memory-mcp process held its write "
+                            "lock longer than storage.busy_timeout_ms"
+                        ) from exc
+                    await conn.execute("SELECT set_config('lock_timeout', '0', true)")
+                    yield Transaction(conn, self)
+            except psycopg.Error as exc:
+                self._spaces = spaces
+                raise storage_error(exc) from exc
+            except BaseException:
+                self._spaces = spaces
+                raise
+
+    # Vector spaces -------------------------------------------------------------------
+
+    async def space(
+        self, reads: Queries, embedder: str, *, dim: int | None = None
+    ) -> tuple[int, int] | None:
+        """The vector space (number, dimension) of ``embedder``; made, with its HNSW
+        index, in the caller's transaction when ``dim`` is given and there is none."""
+        known = self._spaces.get(embedder)
+        if known is None:
+            rows = await reads.fetch(
+                "SELECT id, dim FROM vector_indexes WHERE embedder = %s", [embedder]
+            )
+            if rows:
+                known = (int(rows[0][0]), int(rows[0][1]))
+                self._spaces[embedder] = known
+        if known is not None:
+            if dim is not None and dim != known[1]:
+                raise StorageError(
+                    f"embedder {embedder} returned {dim}-dimensional vectors, but its index "
+                    f"holds {known[1]}; give a changed model a new name"
+                )
+            return known
+        if dim is None:
+            return None
+        if not isinstance(reads, Transaction):
+            raise StorageError("a vector index is made only inside a write transaction")
+        rows = await reads.fetch(
+            "INSERT INTO vector_indexes (embedder, dim, created_at) VALUES (%s, %s, %s) "
+            "RETURNING id",
+            [embedder, dim, format_time(utcnow())],
+        )
+        known = (int(rows[0][0]), dim)
+        await reads.execute(index_sql(*known))
+        self._spaces[embedder] = known
+        return known
+
+    async def ensure_indexes(self, tx: Transaction) -> list[str]:
+        """Make the HNSW index of every vector space that lacks one (a restored copy);
+        the names of those made."""
+        rows = await tx.fetch(
+            "SELECT v.id, v.dim FROM vector_indexes v WHERE NOT EXISTS (SELECT 1 FROM pg_indexes "
+            "i WHERE i.schemaname = current_schema() AND i.indexname = 'vectors_space_' || v.id)"
+        )
+        for number, dim in rows:
+            await tx.execute(index_sql(int(number), int(dim)))
+        return [f"vectors_space_{n}" for n, _ in rows]
+
+    async def load_vectors(self, embedder: str, scope_keys: Collection[str]) -> None:
+        """Nothing to warm: the HNSW index lives in the database."""
+
+    # Reads ---------------------------------------------------------------------------
+
+    async def top_by_prior(
+        self, filters: Filters, ranking: RankerConfig, now: datetime, limit: int
+    ) -> list[tuple[Record, float]]:
+        """Current records by ``ranker.prior`` (``rows.prior_sql``), highest first, with it."""
+        order_sql, params = prior_sql(ranking, now, POSTGRES)
+        where, where_params = filters_sql(filters)
+        rows = await self.fetch(
+            f"SELECT {SELECT}, t.o FROM (SELECT r.seq AS seq, r.id AS id, {order_sql} AS o "
+            f"FROM records r WHERE {where} ORDER BY o DESC, r.id LIMIT %s) t "
+            "JOIN records r ON r.seq = t.seq ORDER BY t.o DESC, t.id",
+            [*params, *where_params, limit],
+        )
+        return [(record_of(row), float(row[-1])) for row in rows]
+
+    async def get_many(self, record_ids: Sequence[str]) -> list[Record]:
+        if not record_ids:
+            return []
+        rows = await self.fetch(
+            f"SELECT {SELECT} FROM records r WHERE r.id = ANY(%s)", [list(record_ids)]
+        )
+        by_id = {row[0]: record_of(row) for row in rows}
+        return [by_id[i] for i in record_ids if i in by_id]
+
+    async def record_access(self, record_ids: Sequence[str], at: str) -> None:
+        """Count returned hits as accesses (ranking and staleness read these)."""
+        if not record_ids:
+            return
+        async with self.write() as tx:
+            await tx.execute(
+                "UPDATE records SET access_count = access_count + 1, last_access_at = %s "
+                "WHERE id = ANY(%s)",
+                [at, list(record_ids)],
+            )
+
+    def forget_word_counts(self) -> None:
+        """Nothing cached: the counts are read from ``record_terms`` each time."""
+
+    async def needing_embedding(self, embedder: str, limit: int) -> list[Record]:
+        rows = await self.fetch(
+            f"SELECT {SELECT} FROM records r WHERE r.live "
+            "AND (r.embedder IS NULL OR r.embedder <> %s) ORDER BY r.seq LIMIT %s",
+            [embedder, limit],
+        )
+        return [record_of(row) for row in rows]
+
+    async def count_needing_embedding(self, embedder: str | None) -> int:
+        if embedder is None:
+            return 0
+        rows = await self.fetch(
+            "SELECT count(*) FROM records WHERE live AND (embedder IS NULL OR embedder <> %s)",
+            [embedder],
+        )
+        return int(rows[0][0])
+
+    async def dense_embedders(self) -> dict[str, int]:
+        rows = await self.fetch(
+            "SELECT embedder, count(*) FROM records WHERE embedder IS NOT NULL GROUP BY embedder"
+        )
+        return {str(name): int(n) for name, n in rows}
+
+    async def iter_records(self, *, batch: int = 500) -> AsyncIterator[Record]:
+        """Every record, archived and history included, in write order."""
+        after = 0
+        while True:
+            rows = await self.fetch(
+                f"SELECT {SELECT}, r.seq FROM records r WHERE r.seq > %s ORDER BY r.seq LIMIT %s",
+                [after, batch],
+            )
+            if not rows:
+                return
+            for row in rows:
+                yield record_of(row)
+            after = int(rows[-1][-1])
+
+    async def now(self) -> datetime:
+        """The database server's clock: every process measures leases by it."""
+        rows = await self.fetch("SELECT clock_timestamp()")
+        value: datetime = rows[0][0]
+        return value
+
+    # Admin ---------------------------------------------------------------------------
+
+    async def stats(self) -> StoreStats:
+        stats = StoreStats()
+        rows = await self.fetch(
+            "SELECT corpus, scope, CASE WHEN archived_at IS NOT NULL THEN 'archived' "
+            "WHEN replaced_by IS NOT NULL THEN 'history' ELSE 'current' END AS state, count(*) "
+            "FROM records GROUP BY corpus, scope, state"
+        )
+        stats.records = {(c, s, st): int(n) for c, s, st, n in rows}
+        stats.embedders = await self.dense_embedders()
+        for number, embedder, dim, count in await self.fetch(
+            "SELECT i.id, i.embedder, i.dim, (SELECT count(*) FROM vectors v "
+            "WHERE v.space = i.id) FROM vector_indexes i ORDER BY i.id"
+        ):
+            stats.vector_indexes.append((f"vectors_space_{number}", embedder, dim, int(count)))
+        conflicts = await self.fetch("SELECT count(*) FROM conflicts WHERE resolved_at IS NULL")
+        stats.open_conflicts = int(conflicts[0][0])
+        size = await self.fetch(
+            "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
+            "WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind = 'r'"
+        )
+        stats.database_bytes = int(size[0][0])
+        return stats
+
+    async def doctor(self, *, repair: bool = False) -> Diagnosis:
+        from memory_mcp.storage.postgres.doctor import diagnose
+
+        return await diagnose(self, repair=repair)
+
+    async def backup(self, target: Path, *, force: bool = False) -> Path:
+        from memory_mcp.storage.postgres.doctor import backup
+
+        return await backup(self, target, force=force)
+
+    @asynccontextmanager
+    async def scratch_copy(self) -> AsyncIterator[PgStore]:
+        """A copy of the store of this moment in a schema of its own, dropped on exit."""
+        from memory_mcp.storage.postgres.doctor import copy_schema
+
+        schema = f"{self.schema}_dry_run_{uuid.uuid4().hex[:8]}"
+        try:
+            copy = await PgStore.open(self.url, schema=schema, busy_timeout_ms=self.busy_timeout_ms)
+            try:
+                await copy_schema(self, copy)
+                yield copy
+            finally:
+                await copy.close()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.fetch(f"DROP SCHEMA IF EXISTS {_ident(schema)} CASCADE")
+
+    def connection(self) -> Any:
+        """A pooled connection (``async with``), for the doctor's copies."""
+        return self._pool.connection()
+
+
+def _backup_before(
+    url: str, schema: str, folder: Path | None
+) -> Callable[[str], Awaitable[Path]] | None:
+    """What ``migrate`` calls to back ``schema`` up before a migration (None: no folder)."""
+    if folder is None:
+        return None
+
+    async def backup(migration: str) -> Path:
+        import psycopg
+
+        from memory_mcp.storage.postgres.dump import write_dump
+
+        await anyio.to_thread.run_sync(partial(folder.mkdir, parents=True, exist_ok=True))
+        stamp = utcnow().strftime("%Y%m%dT%H%M%S%fZ")
+        target = folder / f"memory-{schema}-{stamp}-before-{migration}.sql"
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            await conn.execute(f"SET search_path TO {_ident(schema)}, public".encode())
+            await write_dump(conn, schema, target)
+        return target
+
+    return backup
+
+
+def index_sql(space: int, dim: int) -> str:
+    """The partial HNSW index of one vector space (cosine distance)."""
+    return (
+        f"CREATE INDEX IF NOT EXISTS vectors_space_{space} ON vectors USING hnsw "
+        f"((embedding::vector({dim})) vector_cosine_ops) WHERE space = {space}"
+    )
+
+
+def _ident(name: str) -> str:
+    """A schema name, quoted as an SQL identifier."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+async def _one(cursor: psycopg.AsyncCursor[Any]) -> Any:
+    row = await cursor.fetchone()
+    if row is None:
+        raise StorageError("the pgvector extension is missing from the database")
+    return row

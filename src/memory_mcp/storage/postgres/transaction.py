@@ -1,0 +1,407 @@
+"""One write transaction: a pooled connection holding the store's write lock."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from memory_mcp.passages import MAX_PASSAGES
+from memory_mcp.records import Conflict, MergedEntry, Record, merged_text
+from memory_mcp.storage.base import TaskState, Vector
+from memory_mcp.storage.bm25 import document_terms, indexed_columns
+from memory_mcp.storage.history import unfold
+from memory_mcp.storage.postgres.queries import Queries, _unit
+from memory_mcp.storage.postgres.sql import INSERT, storage_error
+from memory_mcp.storage.rows import (
+    conflict_params,
+    content_params,
+    finish_params,
+    merged_params,
+    record_params,
+    texts_params,
+)
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from memory_mcp.storage.postgres.store import PgStore
+
+
+class Transaction(Queries):
+    """The writes, on the connection whose transaction holds the write lock."""
+
+    def __init__(self, conn: psycopg.AsyncConnection[Any], store: PgStore) -> None:
+        self._conn = conn
+        self._store = store
+
+    async def fetch(
+        self, sql: str, params: Sequence[Any] = (), *, ef_search: int | None = None
+    ) -> list[Any]:
+        import psycopg
+
+        try:
+            if ef_search is not None:
+                await self._conn.execute(
+                    "SELECT set_config('hnsw.ef_search', %s, true)", [str(ef_search)]
+                )
+            cursor = await self._conn.execute(sql.encode(), params)
+            return await cursor.fetchall() if cursor.description else []
+        except psycopg.Error as exc:
+            raise storage_error(exc) from exc
+
+    async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """Run one statement; how many rows it changed."""
+        import psycopg
+
+        try:
+            cursor = await self._conn.execute(sql.encode(), params)
+        except psycopg.Error as exc:
+            raise storage_error(exc) from exc
+        return cursor.rowcount
+
+    async def index_text(self, seq: int, content: str, merged: str, tags: Sequence[str]) -> None:
+        """Write a record's stems and length for BM25 (``bm25.document_terms``)."""
+        length, terms = document_terms(indexed_columns(content, merged, tags))
+        await self.execute("DELETE FROM record_terms WHERE seq = %s", [seq])
+        if terms:
+            await self.execute(
+                "INSERT INTO record_terms (term, seq, tf) "
+                "SELECT t.term, %s, t.tf FROM unnest(%s::text[], %s::float8[]) AS t(term, tf)",
+                [seq, list(terms), list(terms.values())],
+            )
+        await self.execute(
+            "UPDATE records SET doc_len = %s WHERE seq = %s AND doc_len <> %s",
+            [length, seq, length],
+        )
+
+    async def _reindex(self, record: Record) -> None:
+        rows = await self.fetch(
+            "SELECT seq, content, merged_text, tags FROM records WHERE id = %s", [record.id]
+        )
+        for seq, content, merged, tags in rows:
+            await self.index_text(int(seq), str(content), str(merged), json.loads(tags))
+
+    async def _seq(self, record_id: str) -> tuple[int, bool, str | None, int] | None:
+        rows = await self.fetch(
+            "SELECT seq, live, embedder, vec_rows FROM records WHERE id = %s", [record_id]
+        )
+        if not rows:
+            return None
+        seq, live, embedder, vec_rows = rows[0]
+        return int(seq), bool(live), embedder, int(vec_rows)
+
+    async def insert(self, record: Record, vectors: Vector | None) -> None:
+        """Insert a new record with its passage vectors (one row per passage)."""
+        await self._insert(record)
+        if vectors is not None and record.embedder:
+            await self._put_vectors(record.id, vectors, record.embedder)
+
+    async def _insert(self, record: Record) -> None:
+        rows = await self.fetch(f"{INSERT} RETURNING seq", record_params(record))
+        await self.index_text(int(rows[0][0]), record.content, merged_text(record), record.tags)
+
+    async def insert_raw(self, record: Record) -> bool:
+        """Insert an exported record exactly as it was; False if its id exists."""
+        if await self.fetch("SELECT 1 FROM records WHERE id = %s", [record.id]):
+            return False
+        await self._insert(record)
+        return True
+
+    async def _put_vectors(self, record_id: str, vectors: Vector, embedder: str) -> bool:
+        """Make ``vectors`` the record's passage vectors; False if it is not current."""
+        import numpy as np
+
+        slot = await self._seq(record_id)
+        if slot is None:
+            return False
+        seq, live, _, _ = slot
+        await self.execute("DELETE FROM vectors WHERE seq = %s", [seq])
+        if not live:
+            await self.execute(
+                "UPDATE records SET embedder = NULL, vec_rows = 0 WHERE seq = %s", [seq]
+            )
+            return False  # only current records are indexed
+        matrix = np.atleast_2d(np.asarray(vectors, dtype=np.float32))[:MAX_PASSAGES]
+        space = await self._store.space(self, embedder, dim=int(matrix.shape[1]))
+        assert space is not None  # made when missing, given a dimension
+        number, _ = space
+        await self._write_vectors(seq, number, embedder, 0, [_unit(row) for row in matrix])
+        return True
+
+    async def _write_vectors(
+        self, seq: int, space: int, embedder: str, start: int, rows: Sequence[Any]
+    ) -> None:
+        """Write passage vectors ``start``.. of a record; it then owns ``start + len`` rows."""
+        for n, row in enumerate(rows):
+            await self.execute(
+                "INSERT INTO vectors (seq, passage, space, embedding) VALUES (%s, %s, %s, %s)",
+                [seq, start + n, space, row],
+            )
+        await self.execute(
+            "UPDATE records SET embedder = %s, vec_rows = %s WHERE seq = %s",
+            [embedder, start + len(rows), seq],
+        )
+
+    async def carry_vectors(self, from_id: str, to_id: str, embedder: str) -> int:
+        """Append ``from_id``'s passage vectors to ``to_id``'s (a fold keeps both findable)."""
+        space = await self._store.space(self, embedder)
+        source, target = await self._seq(from_id), await self._seq(to_id)
+        if space is None or source is None or target is None or not target[1]:
+            return 0
+        if source[2] != embedder or target[2] != embedder:
+            return 0
+        free = MAX_PASSAGES - target[3]
+        rows = await self.fetch(
+            "SELECT embedding FROM vectors WHERE seq = %s ORDER BY passage LIMIT %s",
+            [source[0], max(0, min(source[3], free))],
+        )
+        await self._write_vectors(target[0], space[0], embedder, target[3], [r[0] for r in rows])
+        return len(rows)
+
+    async def set_vectors(self, items: Sequence[tuple[Record, Vector]], embedder: str) -> int:
+        """Replace the vectors of records (re-embedding); how many were updated.
+
+        A record whose text or folded texts changed since it was read (another
+        process refined or unfolded it meanwhile) is left for the next round.
+        """
+        done = 0
+        for record, vectors in items:
+            unchanged = await self.fetch(
+                "SELECT 1 FROM records WHERE id = %s AND content = %s AND merged_text = %s",
+                [record.id, record.content, merged_text(record)],
+            )
+            if unchanged:
+                done += await self._put_vectors(record.id, vectors, embedder)
+        return done
+
+    async def fold_into(self, old: Record, new_id: str, entry: MergedEntry, at: str) -> None:
+        """Retire ``old`` after its text moved into record ``new_id``'s ``merged_from``."""
+        del entry  # the entry lives in the new record; the old row points at it
+        await self.execute(
+            "UPDATE records SET archived_at = %s, archived_reason = 'folded', replaced_by = %s "
+            "WHERE id = %s",
+            [at, new_id, old.id],
+        )
+
+    async def replace(self, old: Record, new_id: str) -> None:
+        """Make ``old`` history of ``new_id`` (superseded fact, previous goal or plan)."""
+        await self.execute("UPDATE records SET replaced_by = %s WHERE id = %s", [new_id, old.id])
+
+    async def archive(self, record_id: str, reason: str, at: str) -> bool:
+        changed = await self.execute(
+            "UPDATE records SET archived_at = %s, archived_reason = %s "
+            "WHERE id = %s AND archived_at IS NULL",
+            [at, reason, record_id],
+        )
+        return changed > 0
+
+    async def add_conflict(
+        self, scope_key: str, record_id: str, other_id: str, reason: str, at: str
+    ) -> int:
+        rows = await self.fetch(
+            "INSERT INTO conflicts (scope_key, record_id, other_id, reason, created_at) "
+            "VALUES (%s, %s, %s, %s, %s) RETURNING id",
+            [scope_key, record_id, other_id, reason, at],
+        )
+        return int(rows[0][0])
+
+    async def add_alias(self, alias: str, key: str, at: str, *, replace: bool = True) -> bool:
+        """Read ``alias`` as ``key``; with ``replace`` False only if it has no row yet."""
+        if not replace:
+            return (
+                await self.execute(
+                    "INSERT INTO scope_aliases (alias, key, attached_at) VALUES (%s, %s, %s) "
+                    "ON CONFLICT (alias) DO NOTHING",
+                    [alias, key, at],
+                )
+                > 0
+            )
+        return (
+            await self.execute(
+                "INSERT INTO scope_aliases (alias, key, attached_at) VALUES (%s, %s, %s) "
+                "ON CONFLICT (alias) DO UPDATE SET key = excluded.key, "
+                "attached_at = excluded.attached_at, detached_at = NULL "
+                "WHERE scope_aliases.key <> excluded.key OR scope_aliases.detached_at IS NOT NULL",
+                [alias, key, at],
+            )
+            > 0
+        )
+
+    async def remove_alias(self, alias: str, at: str) -> bool:
+        """Detach an attached alias (its row stays, so adoption leaves it detached)."""
+        changed = await self.execute(
+            "UPDATE scope_aliases SET detached_at = %s WHERE alias = %s AND detached_at IS NULL",
+            [at, alias],
+        )
+        return changed > 0
+
+    async def import_conflict(self, conflict: Conflict) -> bool:
+        """Insert an exported conflict unless the same one is already there."""
+        exists = await self.fetch(
+            "SELECT 1 FROM conflicts WHERE record_id = %s AND other_id = %s AND created_at = %s",
+            [conflict.record_id, conflict.other_id, conflict.created_at],
+        )
+        if exists:
+            return False
+        await self.execute(
+            "INSERT INTO conflicts (scope_key, record_id, other_id, reason, created_at, "
+            "resolved_at, resolution) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+            conflict_params(conflict),
+        )
+        return True
+
+    async def update_merged(self, record: Record, at: str) -> bool:
+        """Write what a fold into a current record changed (``write.absorb``)."""
+        changed = await self.execute(
+            "UPDATE records SET merged_from = %s, merged_text = %s, fold_count = %s, "
+            "access_count = %s, last_access_at = %s, supersedes = %s, pinned = %s, "
+            "tags = %s, importance = %s, meta = %s, updated_at = %s WHERE id = %s AND live",
+            merged_params(record, at),
+        )
+        if changed:
+            await self._reindex(record)
+        return changed > 0
+
+    async def set_content(self, record: Record, at: str) -> bool:
+        """Replace a current record's text (a refined merge); its vectors must be redone."""
+        changed = await self.execute(
+            "UPDATE records SET content = %s, content_hash = %s, emphasis = %s, meta = %s, "
+            "updated_at = %s WHERE id = %s AND live",
+            content_params(record, at),
+        )
+        if changed:
+            await self._reindex(record)
+            await self.drop_vectors(record.id)
+        return changed > 0
+
+    async def rewrite_texts(self, record: Record) -> bool:
+        """Replace a record's texts, current or not (the secrets re-scan): its content,
+        folded texts and meta; its vectors are dropped (re-embedding makes them again).
+        ``updated_at`` stays: the memory says what it said."""
+        changed = await self.execute(
+            "UPDATE records SET content = %s, content_hash = %s, emphasis = %s, "
+            "merged_from = %s, merged_text = %s, meta = %s WHERE id = %s",
+            texts_params(record),
+        )
+        if changed:
+            await self._reindex(record)
+            await self.drop_vectors(record.id)
+        return changed > 0
+
+    async def drop_vectors(self, record_id: str) -> None:
+        """Remove a record's vectors: it awaits embedding again."""
+        slot = await self._seq(record_id)
+        if slot is None or not slot[2]:
+            return
+        await self.execute("DELETE FROM vectors WHERE seq = %s", [slot[0]])
+        await self.execute(
+            "UPDATE records SET embedder = NULL, vec_rows = 0 WHERE seq = %s", [slot[0]]
+        )
+
+    async def restore(self, record_id: str, at: str) -> Record | None:
+        """Make an archived record current again, exactly as it was; None if not archived
+        (``sqlite.transaction`` says what a restore of a folded record undoes)."""
+        record = await self.get(record_id)
+        if record is None or record.archived_at is None:
+            return None
+        folded = record.archived_reason == "folded" and record.replaced_by is not None
+        if folded:
+            await unfold(self, record, at)
+        await self.execute(
+            "UPDATE records SET archived_at = NULL, archived_reason = NULL, "
+            "replaced_by = CASE WHEN %s THEN NULL ELSE replaced_by END WHERE id = %s",
+            [folded, record_id],
+        )
+        await self.touch(record.scope_key, at)
+        return await self.get(record_id)
+
+    async def touch(self, scope_key: str, at: str) -> None:
+        """Note activity in a scope that leaves no trace in its records (a restore)."""
+        await self.execute(
+            "INSERT INTO scope_activity (scope_key, last_at) VALUES (%s, %s) "
+            "ON CONFLICT (scope_key) DO UPDATE "
+            "SET last_at = greatest(scope_activity.last_at, excluded.last_at)",
+            [scope_key, at],
+        )
+
+    async def purge(self, record_ids: Sequence[str], archived_before: str, at: str) -> int:
+        """Hard-delete archived records archived before a time, with their history
+        (``sqlite.transaction.purge`` says which)."""
+        if not record_ids:
+            return 0
+        rows = await self.fetch(
+            "SELECT id, archived_reason, replaced_by FROM records "
+            "WHERE id = ANY(%s) AND archived_at IS NOT NULL AND archived_at < %s",
+            [list(record_ids), archived_before],
+        )
+        ids = [str(row[0]) for row in rows]
+        if not ids:
+            return 0
+        heirs = {str(i): str(r) for i, why, r in rows if why == "folded" and r is not None}
+        if heirs:
+            await self.execute(
+                "UPDATE records SET replaced_by = h.heir "
+                "FROM unnest(%s::text[], %s::text[]) AS h(gone, heir) "
+                "WHERE records.replaced_by = h.gone AND records.archived_at IS NULL",
+                [list(heirs), list(heirs.values())],
+            )
+        history: list[str] = []
+        frontier = [i for i in ids if i not in heirs]
+        while frontier:  # history of history: a chain of supersedes
+            found = await self.fetch(
+                "SELECT id FROM records WHERE replaced_by = ANY(%s) AND archived_at IS NULL",
+                [frontier],
+            )
+            frontier = [str(row[0]) for row in found if str(row[0]) not in history]
+            history.extend(frontier)
+        deleted = await self.execute("DELETE FROM records WHERE id = ANY(%s)", [[*ids, *history]])
+        await self.execute(
+            "UPDATE conflicts SET resolved_at = %s, resolution = 'purged' "
+            "WHERE resolved_at IS NULL "
+            "AND (NOT EXISTS (SELECT 1 FROM records WHERE id = conflicts.record_id) "
+            "OR NOT EXISTS (SELECT 1 FROM records WHERE id = conflicts.other_id))",
+            [at],
+        )
+        return deleted
+
+    async def resolve_conflict(self, conflict_id: int, resolution: str, at: str) -> bool:
+        changed = await self.execute(
+            "UPDATE conflicts SET resolved_at = %s, resolution = %s "
+            "WHERE id = %s AND resolved_at IS NULL",
+            [at, resolution, conflict_id],
+        )
+        return changed > 0
+
+    async def claim(
+        self, task: str, holder: str, now: str, until: str, cursor: dict[str, Any] | None = None
+    ) -> bool:
+        """Take, keep or renew ``task``'s lease until ``until``; False if another holds it."""
+        await self.execute(
+            "INSERT INTO maintenance (task) VALUES (%s) ON CONFLICT (task) DO NOTHING", [task]
+        )
+        changed = await self.execute(
+            "UPDATE maintenance SET holder = %s, lease_until = %s, "
+            "cursor = coalesce(%s, cursor) WHERE task = %s AND (holder IS NULL OR holder = %s "
+            "OR lease_until IS NULL OR lease_until < %s)",
+            [holder, until, None if cursor is None else json.dumps(cursor), task, holder, now],
+        )
+        return changed > 0
+
+    async def release(self, task: str, holder: str) -> None:
+        """Give a task's lease back without recording a run."""
+        await self.execute(
+            "UPDATE maintenance SET holder = NULL, lease_until = NULL "
+            "WHERE task = %s AND holder = %s",
+            [task, holder],
+        )
+
+    async def finish(self, state: TaskState, holder: str) -> bool:
+        """Record a run of a task and give its lease back; False if the lease was lost."""
+        changed = await self.execute(
+            "UPDATE maintenance SET holder = NULL, lease_until = NULL, last_started_at = %s, "
+            "last_finished_at = %s, last_summary = %s, last_error = %s, failures = %s, "
+            "retry_after = %s, cursor = %s WHERE task = %s AND holder = %s",
+            finish_params(state, holder),
+        )
+        return changed > 0

@@ -1,0 +1,168 @@
+"""What only the Postgres backend has: its schema, its derived tables, its backup format.
+
+Runs when the suite runs on Postgres (``--storage-url postgresql://pgserver/mm_{id}``);
+skipped on SQLite. The contract (``test_contract``) holds it to everything else.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from helpers import postgres
+from helpers.records import fact, unit
+from helpers.storage import store_url
+from memory_mcp.config import Settings, StorageSettings
+from memory_mcp.errors import SchemaTooNew
+from memory_mcp.storage import Filters, Store, open_store
+from memory_mcp.storage.postgres import dump
+
+pytestmark = pytest.mark.anyio
+
+FACTS = Filters(scope_keys=("/repo",), corpora=("facts",))
+
+
+@pytest.fixture
+def url(storage_url: str) -> str:
+    if not postgres.is_postgres(storage_url):
+        pytest.skip("about the Postgres backend: run the suite with --storage-url postgresql://…")
+    return storage_url
+
+
+def settings_for(url: str) -> Settings:
+    return Settings(storage=StorageSettings(url=url))
+
+
+@pytest.fixture
+async def store(url: str) -> AsyncIterator[Any]:
+    opened = await open_store(settings_for(url))
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+async def filled(store: Store) -> list[str]:
+    records = [fact(f"deploy note {n}", embedder="test:3") for n in range(5)]
+    async with store.write() as tx:
+        for n, r in enumerate(records):
+            await tx.insert(r, unit(1, n, 0)[None, :])
+    return [r.id for r in records]
+
+
+async def test_a_database_migrated_by_a_newer_version_is_refused(store: Any, url: str) -> None:
+    await store.fetch("INSERT INTO schema_migrations VALUES ('m999_future', 'now')")
+    with pytest.raises(SchemaTooNew, match="m999_future"):
+        await open_store(settings_for(url))
+
+
+async def test_doctor_rebuilds_word_counts_and_drops_vectors_that_disagree(store: Any) -> None:
+    ids = await filled(store)
+    async with store.write() as tx:
+        await tx.execute("DELETE FROM record_terms WHERE seq = (SELECT min(seq) FROM records)")
+        await tx.execute("UPDATE lexical_stats SET tokens = tokens + 7")
+        await tx.execute("DELETE FROM vectors WHERE seq = (SELECT max(seq) FROM records)")
+    found = await store.doctor()
+    assert {c.name for c in found.checks if not c.ok} == {"full-text index", "vectors"}
+    assert not found.healthy
+    repaired = await store.doctor(repair=True)
+    assert repaired.healthy
+    assert all(c.ok for c in (await store.doctor()).checks)
+    assert [r.id for r in await store.needing_embedding("test:3", 10)] == [ids[-1]]
+    assert ids[0] in {s.record.id for s in await store.lexical("deploy", FACTS, 10)}
+
+
+async def test_a_backup_restores_with_psql_into_a_fresh_database(
+    store: Any, tmp_path: Path, storage_url: str
+) -> None:
+    psql = shutil.which("psql") or _pgserver_psql()
+    if psql is None:
+        pytest.skip("no psql to restore with")
+    ids = await filled(store)
+    written = await store.backup(tmp_path)
+    assert written.read_text(encoding="utf-8").startswith("-- memory-mcp postgres backup 1")
+    target = store_url(tmp_path, storage_url, "restored")
+    await anyio.run_process(
+        [psql, "-v", "ON_ERROR_STOP=1", "-q", "-1", "-f", str(written), target], check=True
+    )
+    restored = await open_store(settings_for(target))
+    try:
+        assert [r async for r in restored.iter_records()] == [r async for r in store.iter_records()]
+        near = await restored.nearest(unit(1, 0, 0), "test:3", FACTS, 1)
+        assert [s.record.id for s in near] == [ids[0]]
+        assert (await restored.doctor()).healthy
+        assert [s.record.id for s in await restored.lexical("note", FACTS, 9)] == ids
+    finally:
+        await restored.close()
+
+
+def _pgserver_psql() -> str | None:
+    try:
+        import pgserver
+    except ImportError:
+        return None
+    found = Path(pgserver.__file__).parent / "pginstall" / "bin" / "psql"
+    return str(found) if found.exists() else None
+
+
+async def test_a_scratch_copy_lives_in_a_schema_dropped_after_it(store: Any) -> None:
+    await filled(store)
+    async with store.scratch_copy() as copy:
+        assert copy.schema != store.schema
+        assert len(await copy.current(FACTS, 10)) == 5
+        assert len(await copy.nearest(unit(1, 0, 0), "test:3", FACTS, 3)) == 3
+    schemas = await store.fetch(
+        "SELECT nspname FROM pg_namespace WHERE nspname LIKE %s", ["%dry_run%"]
+    )
+    assert schemas == []
+
+
+async def test_nearest_reads_the_embedders_hnsw_index(store: Any) -> None:
+    await filled(store)
+    plan = await store.fetch(
+        "EXPLAIN SELECT seq FROM vectors v WHERE v.space = 1 "
+        "ORDER BY v.embedding::vector(3) <=> '[1,0,0]'::vector(3) LIMIT 5"
+    )
+    assert "vectors_space_1" in "\n".join(str(row[0]) for row in plan)
+
+
+async def test_a_pending_migration_runs_after_a_backup_and_a_failing_one_changes_nothing(
+    store: Any, url: str, tmp_path: Path
+) -> None:
+    import psycopg
+
+    from memory_mcp.errors import StorageError
+    from memory_mcp.storage.postgres import migrations
+
+    await filled(store)
+    made: list[Path] = []
+
+    async def backup(name: str) -> Path:
+        made.append(tmp_path / f"before-{name}.sql")
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as other:
+            await other.execute(f'SET search_path TO "{store.schema}", public')
+            await dump.write_dump(other, store.schema, made[-1])
+        return made[-1]
+
+    bad = migrations.Migration("m002_half", "ALTER TABLE records ADD COLUMN half int; SELECT 1/0")
+    good = migrations.Migration("m002_whole", "ALTER TABLE records ADD COLUMN whole int")
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        await conn.execute(f'SET search_path TO "{store.schema}", public')
+        with pytest.raises(StorageError, match="m002_half failed and was rolled back"):
+            await migrations.migrate(conn, store.schema, (*migrations.MIGRATIONS, bad))
+        assert await migrations.migrate(
+            conn, store.schema, (*migrations.MIGRATIONS, good), backup=backup
+        ) == ["m002_whole"]
+    columns = await store.fetch(
+        "SELECT column_name FROM information_schema.columns WHERE table_schema = %s "
+        "AND table_name = 'records' AND column_name IN ('half', 'whole')",
+        [store.schema],
+    )
+    assert columns == [("whole",)]
+    [copy] = made
+    assert "COPY records" in copy.read_text(encoding="utf-8") and copy.stat().st_mode & 0o077 == 0
