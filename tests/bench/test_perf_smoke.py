@@ -147,7 +147,9 @@ def test_bench_cli_times_each_command_as_a_whole_process(
 async def test_each_size_goes_to_the_store_a_storage_url_names(
     tmp_path: Path, storage_url: str
 ) -> None:
-    template = store_url(tmp_path, storage_url, "perf{size}")
+    # On a server each size's database must exist before the bench opens it.
+    template = store_url(tmp_path, storage_url, "perf20").replace("perf20", "perf{size}")
+    store_url(tmp_path, storage_url, "perf30")
     report = await run_perf(
         [20, 30], Settings(), samples=5, embedder=FakeEmbedder(), storage=template
     )
