@@ -114,6 +114,15 @@ async def test_store_records_the_calling_agent_and_search_shows_it(
     assert found["results"][0]["kind"] == "decision"
 
 
+async def test_memory_store_can_keep_a_memory_private(memory: MemoryService, project: Path) -> None:
+    async with in_process(memory, "claude-code") as c:
+        stored = await call(
+            c, "memory_store", content="My on-call week is the 12th", cwd=str(project), private=True
+        )
+    record = await memory.get(stored["id"])
+    assert record.private and record.user == memory.engine.store.user
+
+
 async def test_cwd_comes_from_the_clients_roots_when_not_given(
     memory: MemoryService, project: Path
 ) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -344,3 +346,24 @@ async def test_a_record_without_a_vector_is_as_relevant_as_the_share_of_the_ques
     assert abs(hit.relevance - 1 / 3) < 1e-6  # friday, of weather / friday / paris
     direct = await memory.search("friday standups", cwd=project)
     assert direct.hits[0].record.id == draft.record.id and direct.hits[0].relevance == 1.0
+
+
+async def test_a_record_says_who_wrote_it_and_a_private_one_stays_marked(
+    memory: MemoryService, project: Path
+) -> None:
+    shared = await memory.store("The staging database is db-stg-2", cwd=project)
+    mine = await memory.store("I keep my scratch notes in ~/notes", cwd=project, private=True)
+    writer = memory.engine.store.user  # the local login, or the database role
+    assert writer
+    records = {r.id: r for r in await memory.engine.store.get_many([shared.id, mine.id])}
+    assert [(records[i].user, records[i].private) for i in (shared.id, mine.id)] == [
+        (writer, False),
+        (writer, True),
+    ]
+    exported = io.StringIO()
+    await memory.export(exported)
+    lines = [json.loads(line) for line in exported.getvalue().splitlines()[1:]]
+    assert {(line["id"], line["user"], line["private"]) for line in lines} == {
+        (shared.id, writer, False),
+        (mine.id, writer, True),
+    }

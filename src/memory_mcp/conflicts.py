@@ -109,6 +109,8 @@ async def resolve_conflict(
             agent="cli",
             at=engine.clock(),
             settings=engine.settings.write,
+            user=engine.user,
+            private=new.private and old.private,  # shared if either side was
         )
         merged = draft.record
         merged.supersedes = list(dict.fromkeys([*old.supersedes, old.id, *new.supersedes, new.id]))

@@ -148,6 +148,11 @@ class Engine:
             await store.close()
 
     @property
+    def user(self) -> str:
+        """Who is acting: the store's user (its database role, or the local login)."""
+        return self.store.user
+
+    @property
     def ranking(self) -> ranker.RankerConfig:
         """The one ranker's settings (half-life, prior weight)."""
         return self.plan.ranking

@@ -1,11 +1,13 @@
 """Lossless export and import: JSONL, every field, archived records and history too.
 
-    {"type": "header", "format": "memory-mcp-export", "version": 2, ...}
+    {"type": "header", "format": "memory-mcp-export", "version": 3, ...}
     {"type": "record", "id": "f_01...", "corpus": "facts", ... every Record field}
     {"type": "conflict", "id": 3, "record_id": "f_...", "other_id": "f_...", ...}
     {"type": "alias", "alias": "/home/me/app", "key": "github.com/org/app", ...}
 
-Alias lines (version 2) are the scope aliases of the keys the records are stored
+Record lines carry who wrote each record and whether it is private (version 3;
+an older file's records are shared and of no known user). Alias lines
+(version 2) are the scope aliases of the keys the records are stored
 under (``identity``): an import keeps them, detached ones detached, and never
 changes an alias the store already has.
 
@@ -40,7 +42,7 @@ from memory_mcp.secret_scan import redact_record
 from memory_mcp.storage.base import ScopeAlias
 
 EXPORT_FORMAT = "memory-mcp-export"
-EXPORT_VERSION = 2  # 2: alias lines
+EXPORT_VERSION = 3  # 2: alias lines; 3: a record's user and private flag
 _IMPORT_BATCH = 500
 
 

@@ -436,6 +436,7 @@ def _drafts(
             agent=agent,
             at=now,
             settings=settings,
+            user=engine.user,
         )
         heading = clean_text(chunk.heading).replace("\n", " ")
         if settings.secrets != "off":

@@ -214,6 +214,8 @@ class Record:
     meta: dict[str, Any] = field(default_factory=dict)
     archived_at: str | None = None
     archived_reason: str | None = None
+    user: str = ""  # who wrote it: the database role, or the local login ("": unknown)
+    private: bool = False  # only its writer may read it
 
     @property
     def current(self) -> bool:
@@ -253,6 +255,8 @@ class Record:
             meta=dict(data.get("meta", {})),
             archived_at=_stamp_or_none(data.get("archived_at")),
             archived_reason=data.get("archived_reason"),
+            user=str(data.get("user", "")),
+            private=bool(data.get("private", False)),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -279,6 +283,8 @@ class Record:
             "meta": dict(self.meta),
             "archived_at": self.archived_at,
             "archived_reason": self.archived_reason,
+            "user": self.user,
+            "private": self.private,
         }
 
 

@@ -159,14 +159,16 @@ class MemoryService:
         agent: str = "cli",
         created_at: datetime | None = None,
         pinned: bool = False,
+        private: bool = False,
     ) -> StoreResult:
-        """Store one memory through the write pipeline (fold / supersede / conflict / insert).
+        """Store one memory through the write pipeline (fold / supersede / conflict / insert);
+        ``private``: for its writer alone in a team's store.
 
         Raises:
             InvalidInput: a bad argument (the message says what to change).
         """
         request = StoreRequest(
-            content, kind, scope, cwd, importance, tags, agent, created_at, pinned
+            content, kind, scope, cwd, importance, tags, agent, created_at, pinned, private
         )
         return (await self.store_many([request]))[0]
 

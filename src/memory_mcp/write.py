@@ -108,8 +108,10 @@ def prepare(
     pinned: bool = False,
     settings: WriteSettings,
     kinds: Sequence[str] = STORABLE_KINDS,
+    user: str = "",
+    private: bool = False,
 ) -> Draft:
-    """Validate and sanitize one write.
+    """Validate and sanitize one write (``user`` wrote it; ``private``: for them alone).
 
     Raises:
         InvalidInput: an argument is unusable; the message says what to change.
@@ -158,6 +160,8 @@ def prepare(
         tags=_tags(tags),
         importance=importance,
         pinned=pinned,
+        user=user,
+        private=bool(private),
     )
     return Draft(record, redactions, scanned=settings.secrets != "off", scope_keys=scope.keys)
 
@@ -381,6 +385,7 @@ class StoreRequest:
     agent: str = "cli"
     created_at: datetime | None = None
     pinned: bool = False
+    private: bool = False  # for its writer alone (in a team's store)
 
 
 async def store_many(
@@ -484,4 +489,6 @@ async def _draft(engine: Engine, request: StoreRequest, now: datetime, scopes: _
         at=request.created_at or now,
         pinned=request.pinned,
         settings=engine.settings.write,
+        user=engine.user,
+        private=request.private,
     )

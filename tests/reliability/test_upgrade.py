@@ -42,7 +42,8 @@ def exported() -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
         item = json.loads(line)
         kind = item.pop("type")
         if kind == "record":
-            records[item["id"]] = item
+            # Fields added since (who wrote it, private) read as an old record has them.
+            records[item["id"]] = {"user": "", "private": False, **item}
         elif kind == "conflict":
             conflicts.append(item)
     return records, conflicts

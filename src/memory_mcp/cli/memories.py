@@ -40,6 +40,9 @@ def store(
         list[str] | None, typer.Option("--tag", "-t", help="A tag (repeatable).")
     ] = None,
     agent: Annotated[str, typer.Option(help="Who is writing (provenance).")] = "cli",
+    private: Annotated[
+        bool, typer.Option("--private", help="For you alone, not your team (a team's store).")
+    ] = False,
     cwd: CwdOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -58,6 +61,7 @@ def store(
             importance=importance,
             tags=tag or [],
             agent=agent,
+            private=private,
         )
 
     result = with_memory(cwd, use)

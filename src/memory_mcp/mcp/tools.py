@@ -388,6 +388,9 @@ def build_server(memory: MemoryService) -> MCPServer[Any]:
             float | None, Field(description="0 to 1 (default: inferred).")
         ] = None,
         tags: Annotated[list[str] | None, Field(description="Short labels.")] = None,
+        private: Annotated[
+            bool, Field(description="true: for the user alone, not their team.")
+        ] = False,
         cwd: Cwd = None,
     ) -> Stored:
         """Remember a project fact for every agent; near-duplicates fold."""
@@ -401,6 +404,7 @@ def build_server(memory: MemoryService) -> MCPServer[Any]:
                 importance=importance,
                 tags=tags or (),
                 agent=_caller(ctx),
+                private=private,
             )
         )
         return Stored.model_validate(views.stored(result))

@@ -47,15 +47,18 @@ COLUMNS = (
     "meta",
     "archived_at",
     "archived_reason",
+    "user_name",
+    "private",
 )
 SELECT = ", ".join(f"r.{c}" for c in COLUMNS)
 # The columns ``record_params`` fills, in its order (derived ones included).
 INSERT_COLUMNS = (
     "id, corpus, kind, scope, scope_key, content, content_hash, tags, importance, pinned, "
     "agent, created_at, updated_at, access_count, last_access_at, fold_count, merged_from, "
-    "merged_text, supersedes, replaced_by, embedder, meta, archived_at, archived_reason, emphasis"
+    "merged_text, supersedes, replaced_by, embedder, meta, archived_at, archived_reason, emphasis, "
+    "user_name, private"
 )
-INSERT_WIDTH = 25
+INSERT_WIDTH = 27
 
 
 def record_of(row: Sequence[Any]) -> Record:
@@ -83,6 +86,8 @@ def record_of(row: Sequence[Any]) -> Record:
         meta=json.loads(values["meta"]),
         archived_at=values["archived_at"],
         archived_reason=values["archived_reason"],
+        user=values["user_name"],
+        private=bool(values["private"]),
     )
 
 
@@ -127,6 +132,8 @@ def record_params(record: Record) -> tuple[Any, ...]:
         record.archived_at,
         record.archived_reason,
         columns.emphasis,
+        record.user,
+        int(record.private),
     )
 
 

@@ -193,9 +193,16 @@ CREATE TABLE scope_aliases (
 CREATE INDEX scope_aliases_key ON scope_aliases (key);
 """
 
+# Who wrote each record (their database role) and whether it is theirs alone.
+M003_USERS = """
+ALTER TABLE records ADD COLUMN user_name text NOT NULL DEFAULT '';
+ALTER TABLE records ADD COLUMN private integer NOT NULL DEFAULT 0;
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration("m001_records", M001_RECORDS),
     Migration("m002_scope_aliases", M002_SCOPE_ALIASES),
+    Migration("m003_users", M003_USERS),
 )
 
 

@@ -51,6 +51,7 @@ class PgStore(UpkeepReads, Queries):
         *,
         server: str,
         vector_version: str,
+        role: str = "",
         busy_timeout_ms: int = 15000,
     ) -> None:
         self.url = url
@@ -58,6 +59,7 @@ class PgStore(UpkeepReads, Queries):
         self._pool = pool
         self._server = server
         self._vector_version = vector_version
+        self._role = role
         self.busy_timeout_ms = busy_timeout_ms
         self._store = self
         self._write_lock = anyio.Lock()
@@ -101,11 +103,11 @@ class PgStore(UpkeepReads, Queries):
                 if applied:
                     log.info("applied migrations to %s: %s", shown, ", ".join(applied))
                 cursor = await conn.execute(
-                    "SELECT current_setting('server_version'), e.extversion, n.nspname "
-                    "FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace "
-                    "WHERE e.extname = 'vector'"
+                    "SELECT current_setting('server_version'), e.extversion, n.nspname, "
+                    "session_user FROM pg_extension e "
+                    "JOIN pg_namespace n ON n.oid = e.extnamespace WHERE e.extname = 'vector'"
                 )
-                server, vector_version, extension_schema = await _one(cursor)
+                server, vector_version, extension_schema, role = await _one(cursor)
         except psycopg.Error as exc:
             raise StorageError(f"cannot use the database at {shown}: {exc}") from exc
         path = f"{_ident(schema)}, {_ident(str(extension_schema))}"
@@ -136,6 +138,7 @@ class PgStore(UpkeepReads, Queries):
             pool,
             server=str(server),
             vector_version=str(vector_version),
+            role=str(role),
             busy_timeout_ms=busy_timeout_ms,
         )
         async with store.write() as tx:
@@ -145,6 +148,10 @@ class PgStore(UpkeepReads, Queries):
     @property
     def backend(self) -> str:
         return "postgres"
+
+    @property
+    def user(self) -> str:
+        return self._role
 
     @property
     def location(self) -> str:

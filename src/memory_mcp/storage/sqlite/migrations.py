@@ -237,12 +237,21 @@ CREATE INDEX scope_aliases_key ON scope_aliases (key);
 """
 
 
+# Who wrote each record (the local login, or a team's database role) and whether it
+# is theirs alone (team mode shows a private record to its writer only).
+M006_USERS = """
+ALTER TABLE records ADD COLUMN user_name TEXT NOT NULL DEFAULT '';
+ALTER TABLE records ADD COLUMN private INTEGER NOT NULL DEFAULT 0;
+"""
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration("m001_records", _script(M001_RECORDS)),
     Migration("m002_emphasis", _m002_emphasis),
     Migration("m003_vector_changes", _script(M003_VECTOR_CHANGES)),
     Migration("m004_maintenance", _script(M004_MAINTENANCE)),
     Migration("m005_scope_aliases", _script(M005_SCOPE_ALIASES)),
+    Migration("m006_users", _script(M006_USERS)),
 )
 
 

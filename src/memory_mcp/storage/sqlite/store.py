@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import logging
 import shutil
 import sqlite3
@@ -46,6 +47,15 @@ if TYPE_CHECKING:
     from memory_mcp.storage.sqlite.dense import DenseIndex
 
 log = logging.getLogger(__name__)
+
+
+def local_user() -> str:
+    """This machine's login name (what a record stored in a local file says of its writer),
+    or "" when there is none to find."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no login name and no passwd entry (a bare container)
+        return ""
 
 
 _COUNTS_TTL = 600.0  # seconds a word's record count is reused
@@ -123,6 +133,10 @@ class SqliteStore(VectorTables, UpkeepReads):
     @property
     def backend(self) -> str:
         return "sqlite"
+
+    @property
+    def user(self) -> str:
+        return local_user()
 
     @property
     def location(self) -> str:
