@@ -41,7 +41,11 @@ def store(
     ] = None,
     agent: Annotated[str, typer.Option(help="Who is writing (provenance).")] = "cli",
     private: Annotated[
-        bool, typer.Option("--private", help="For you alone, not your team (a team's store).")
+        bool,
+        typer.Option(
+            "--private",
+            help="Mark it as yours alone (a team's store does not hide it yet: see README).",
+        ),
     ] = False,
     cwd: CwdOption = None,
     as_json: JsonOption = False,

@@ -389,7 +389,7 @@ def build_server(memory: MemoryService) -> MCPServer[Any]:
         ] = None,
         tags: Annotated[list[str] | None, Field(description="Short labels.")] = None,
         private: Annotated[
-            bool, Field(description="true: for the user alone, not their team.")
+            bool, Field(description="true: mark as the user's alone (not yet hidden from a team).")
         ] = False,
         cwd: Cwd = None,
     ) -> Stored:
