@@ -14,15 +14,15 @@ from memory_mcp.storage.rows import SELECT, record_of
 if TYPE_CHECKING:
     from memory_mcp.storage.postgres.store import PgStore
 
-# The nearest-neighbour search asks the HNSW index for this many rows per wanted
-# record at first, doubling while the filters reject too many. pgvector (0.6)
-# filters *after* the index scan, which returns at most ``hnsw.ef_search`` rows
-# (and may return fewer): each round raises ef_search to the depth it asks for,
-# up to its maximum (1,000); past it, when the filters keep no row at all (a
-# selective filter), or when the index returned fewer rows than asked (a small
-# space, or a graph that ran dry), an exact scan of the rows that pass the
-# filters answers instead.
-_FIRST_DEPTH = 2
+# The nearest-neighbour search asks the HNSW index for this many rows (passages)
+# per wanted record at first (a record has two or three), doubling while the
+# filters reject too many. pgvector (0.6) filters *after* the index scan, which
+# returns at most ``hnsw.ef_search`` rows (and may return fewer): each round
+# raises ef_search to the depth it asks for, up to its maximum (1,000); past it,
+# when the filters keep no row at all (a selective filter), or when the index
+# returned fewer rows than asked (a small space, or a graph that ran dry), an
+# exact scan of the rows that pass the filters answers instead.
+_FIRST_DEPTH = 4
 _MIN_DEPTH = 40
 EF_SEARCH_MAX = 1000
 # The write path looks for lexical candidates with a memory's rarest words
@@ -53,9 +53,15 @@ class Queries:
     _store: PgStore
 
     async def fetch(
-        self, sql: str, params: Sequence[Any] = (), *, ef_search: int | None = None
+        self,
+        sql: str,
+        params: Sequence[Any] = (),
+        *,
+        ef_search: int | None = None,
+        binary: bool = False,
     ) -> list[Any]:
-        """The rows of one query (``ef_search``: HNSW's candidate list for this one)."""
+        """The rows of one query (``ef_search``: HNSW's candidate list for this one;
+        ``binary``: in binary format, which reads vectors several times faster)."""
         raise NotImplementedError
 
     async def lexical(
@@ -167,6 +173,7 @@ class Queries:
             f"ON v.seq = r.seq AND v.passage = 0 AND v.space = {space[0]} "
             "WHERE r.id = ANY(%s) AND r.embedder = %s AND r.live",
             [sorted(wanted), embedder],
+            binary=True,
         )
         from memory_mcp.records import parse_time
 
@@ -194,6 +201,7 @@ class Queries:
             "SELECT v.embedding FROM records r JOIN vectors v ON v.seq = r.seq "
             "WHERE r.id = %s AND r.embedder = %s AND r.live ORDER BY v.passage",
             [record_id, embedder],
+            binary=True,
         )
         if not rows:
             return None
