@@ -215,3 +215,26 @@ async def test_doctor_finds_a_posting_whose_length_disagrees(store: Any) -> None
     assert (await store.doctor(repair=True)).healthy
     assert (await store.doctor()).healthy
     assert ids[0] in {s.record.id for s in await store.lexical("deploy", FACTS, 10)}
+
+
+async def test_a_filter_that_keeps_a_tenth_deepens_to_where_k_of_them_lie(store: Any) -> None:
+    """The second round goes as deep as the share the filter kept says: the same
+    records, in the same order, as an exact ranking of those that pass."""
+    import math
+
+    records = [
+        fact(f"note {n}", embedder="test:3", tags=["keep"] if n % 10 == 0 else [])
+        for n in range(600)
+    ]
+    async with store.write() as tx:
+        for n, r in enumerate(records):
+            await tx.insert(r, unit(1, math.sin(n), math.cos(n * 0.7))[None, :])
+    query = unit(1, 0.2, 0.1)
+    kept = Filters(scope_keys=("/repo",), corpora=("facts",), tags=("keep",))
+    near = await store.nearest(query, "test:3", kept, 30)
+
+    def cosine(n: int) -> float:
+        return float(unit(1, math.sin(n), math.cos(n * 0.7)) @ query)
+
+    exact = sorted(range(0, 600, 10), key=lambda n: -cosine(n))[:30]
+    assert [s.record.id for s in near] == [records[n].id for n in exact]
