@@ -166,3 +166,76 @@ async def test_a_pending_migration_runs_after_a_backup_and_a_failing_one_changes
     assert columns == [("whole",)]
     [copy] = made
     assert "COPY records" in copy.read_text(encoding="utf-8") and copy.stat().st_mode & 0o077 == 0
+
+
+async def test_m004_gives_each_posting_its_records_length(url: str) -> None:
+    """A store written before m004 keeps its BM25 scores: the postings take their
+    records' lengths, and a posting copied without one (an older backup) takes it too."""
+    import psycopg
+
+    from memory_mcp.storage.postgres import migrations
+
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        await conn.execute('SET search_path TO "m004_test", public')
+        before = tuple(m for m in migrations.MIGRATIONS if m.name < "m004")
+        await migrations.migrate(conn, "m004_test", before)
+        for seq, length in ((1, 3), (2, 8)):
+            await conn.execute(
+                "INSERT INTO records (seq, id, corpus, kind, scope, scope_key, content, "
+                "content_hash, agent, created_at, updated_at, doc_len) VALUES "
+                "(%s, %s, 'facts', 'note', 'project', '/repo', 'x', 'h', 'a', 't', 't', %s)",
+                [seq, f"f_{seq}", length],
+            )
+            await conn.execute(
+                "INSERT INTO record_terms (term, seq, tf) VALUES ('deploy', %s, 1), ('x', %s, 1)",
+                [seq, seq],
+            )
+        applied = await migrations.migrate(conn, "m004_test")
+        assert applied == ["m004_posting_lengths"]
+        await conn.execute("INSERT INTO record_terms (term, seq, tf) VALUES ('late', 2, 0.3)")
+        cursor = await conn.execute("SELECT term, seq, doc_len FROM record_terms ORDER BY 1, 2")
+        assert await cursor.fetchall() == [
+            ("deploy", 1, 3),
+            ("deploy", 2, 8),
+            ("late", 2, 8),
+            ("x", 1, 3),
+            ("x", 2, 8),
+        ]
+        await conn.execute("DROP SCHEMA m004_test CASCADE")
+
+
+async def test_doctor_finds_a_posting_whose_length_disagrees(store: Any) -> None:
+    ids = await filled(store)
+    async with store.write() as tx:
+        await tx.execute(
+            "UPDATE record_terms SET doc_len = doc_len + 1 "
+            "WHERE seq = (SELECT min(seq) FROM records)"
+        )
+    found = await store.doctor()
+    assert {c.name for c in found.checks if not c.ok} == {"full-text index"}
+    assert (await store.doctor(repair=True)).healthy
+    assert (await store.doctor()).healthy
+    assert ids[0] in {s.record.id for s in await store.lexical("deploy", FACTS, 10)}
+
+
+async def test_a_filter_that_keeps_a_tenth_deepens_to_where_k_of_them_lie(store: Any) -> None:
+    """The second round goes as deep as the share the filter kept says: the same
+    records, in the same order, as an exact ranking of those that pass."""
+    import math
+
+    records = [
+        fact(f"note {n}", embedder="test:3", tags=["keep"] if n % 10 == 0 else [])
+        for n in range(600)
+    ]
+    async with store.write() as tx:
+        for n, r in enumerate(records):
+            await tx.insert(r, unit(1, math.sin(n), math.cos(n * 0.7))[None, :])
+    query = unit(1, 0.2, 0.1)
+    kept = Filters(scope_keys=("/repo",), corpora=("facts",), tags=("keep",))
+    near = await store.nearest(query, "test:3", kept, 30)
+
+    def cosine(n: int) -> float:
+        return float(unit(1, math.sin(n), math.cos(n * 0.7)) @ query)
+
+    exact = sorted(range(0, 600, 10), key=lambda n: -cosine(n))[:30]
+    assert [s.record.id for s in near] == [records[n].id for n in exact]

@@ -71,15 +71,17 @@ async def _full_text(store: PgStore, repair: bool) -> Check:
         rows = await store.fetch(
             "SELECT r.seq, r.id, r.content, r.merged_text, r.tags, r.doc_len, "
             "coalesce((SELECT json_object_agg(t.term, t.tf) FROM record_terms t "
-            "WHERE t.seq = r.seq), '{}') FROM records r WHERE r.seq > %s ORDER BY r.seq LIMIT %s",
+            "WHERE t.seq = r.seq), '{}'), NOT EXISTS (SELECT 1 FROM record_terms t "
+            "WHERE t.seq = r.seq AND t.doc_len <> r.doc_len) "
+            "FROM records r WHERE r.seq > %s ORDER BY r.seq LIMIT %s",
             [after, _BATCH],
         )
         if not rows:
             break
-        for seq, record_id, content, merged, tags, doc_len, held in rows:
+        for seq, record_id, content, merged, tags, doc_len, held, lengths_agree in rows:
             length, terms = document_terms(indexed_columns(content, merged, json.loads(tags)))
             stored = held if isinstance(held, dict) else json.loads(held)
-            same = length == doc_len and stored.keys() == terms.keys()
+            same = length == doc_len and lengths_agree and stored.keys() == terms.keys()
             if not same or any(abs(stored[k] - v) > 1e-9 for k, v in terms.items()):
                 wrong.append((int(seq), str(record_id)))
         after = int(rows[-1][0])

@@ -199,10 +199,43 @@ ALTER TABLE records ADD COLUMN user_name text NOT NULL DEFAULT '';
 ALTER TABLE records ADD COLUMN private integer NOT NULL DEFAULT 0;
 """
 
+# Lexical speed: each posting carries its record's length, and the primary key
+# covers both (the table is rewritten in the key's order), so that BM25 scores
+# every posting from the index alone, with no visit to ``records`` per posting
+# (``sql.lexical_sql``). ``index_text`` writes the length; a row copied without
+# it (a backup taken before this migration) takes its record's.
+M004_POSTING_LENGTHS = """
+CREATE TABLE record_terms_m004 (
+    term text NOT NULL,
+    seq bigint NOT NULL CONSTRAINT record_terms_seq_fkey REFERENCES records (seq)
+        ON DELETE CASCADE,
+    tf double precision NOT NULL,
+    doc_len integer NOT NULL
+);
+INSERT INTO record_terms_m004 (term, seq, tf, doc_len)
+SELECT t.term, t.seq, t.tf, r.doc_len FROM record_terms t JOIN records r ON r.seq = t.seq
+ORDER BY t.term, t.seq;
+DROP TABLE record_terms;
+ALTER TABLE record_terms_m004 RENAME TO record_terms;
+ALTER TABLE record_terms
+    ADD CONSTRAINT record_terms_pkey PRIMARY KEY (term, seq) INCLUDE (tf, doc_len);
+CREATE INDEX record_terms_seq ON record_terms (seq);
+CREATE FUNCTION record_terms_doc_len() RETURNS trigger LANGUAGE plpgsql
+SET search_path FROM CURRENT AS $$
+BEGIN
+    NEW.doc_len := (SELECT doc_len FROM records WHERE seq = NEW.seq);
+    RETURN NEW;
+END $$;
+CREATE TRIGGER record_terms_doc_len BEFORE INSERT ON record_terms
+FOR EACH ROW WHEN (NEW.doc_len IS NULL) EXECUTE FUNCTION record_terms_doc_len();
+ANALYZE record_terms;
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration("m001_records", M001_RECORDS),
     Migration("m002_scope_aliases", M002_SCOPE_ALIASES),
     Migration("m003_users", M003_USERS),
+    Migration("m004_posting_lengths", M004_POSTING_LENGTHS),
 )
 
 

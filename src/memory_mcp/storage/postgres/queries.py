@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -14,15 +15,17 @@ from memory_mcp.storage.rows import SELECT, record_of
 if TYPE_CHECKING:
     from memory_mcp.storage.postgres.store import PgStore
 
-# The nearest-neighbour search asks the HNSW index for this many rows per wanted
-# record at first, doubling while the filters reject too many. pgvector (0.6)
-# filters *after* the index scan, which returns at most ``hnsw.ef_search`` rows
-# (and may return fewer): each round raises ef_search to the depth it asks for,
-# up to its maximum (1,000); past it, when the filters keep no row at all (a
-# selective filter), or when the index returned fewer rows than asked (a small
-# space, or a graph that ran dry), an exact scan of the rows that pass the
-# filters answers instead.
-_FIRST_DEPTH = 2
+# The nearest-neighbour search asks the HNSW index for this many rows (passages)
+# per wanted record at first (a record has two or three). pgvector (0.6) filters
+# *after* the index scan, which returns at most ``hnsw.ef_search`` rows (and may
+# return fewer): while the filters reject too many, the next round goes at least
+# twice as deep, and as deep as the share they kept says ``k`` lie (with a
+# margin), raising ef_search to that depth, up to its maximum (1,000). Deeper
+# than that, when the filters keep no row at all (a selective filter), or when
+# the index returned fewer rows than asked (a small space, or a graph that ran
+# dry), an exact scan of the records that pass the filters answers instead.
+_FIRST_DEPTH = 4
+_MARGIN = 1.25
 _MIN_DEPTH = 40
 EF_SEARCH_MAX = 1000
 # The write path looks for lexical candidates with a memory's rarest words
@@ -53,9 +56,15 @@ class Queries:
     _store: PgStore
 
     async def fetch(
-        self, sql: str, params: Sequence[Any] = (), *, ef_search: int | None = None
+        self,
+        sql: str,
+        params: Sequence[Any] = (),
+        *,
+        ef_search: int | None = None,
+        binary: bool = False,
     ) -> list[Any]:
-        """The rows of one query (``ef_search``: HNSW's candidate list for this one)."""
+        """The rows of one query (``ef_search``: HNSW's candidate list for this one;
+        ``binary``: in binary format, which reads vectors several times faster)."""
         raise NotImplementedError
 
     async def lexical(
@@ -91,7 +100,7 @@ class Queries:
         where, params = filters_sql(filters)
         query = _unit(vector)
         depth = max(k * _FIRST_DEPTH, _MIN_DEPTH)
-        while depth <= EF_SEARCH_MAX:
+        while True:
             rows = await self.fetch(
                 f"WITH near AS MATERIALIZED (SELECT v.seq, "
                 f"v.embedding::vector({dim}) <=> %s::vector({dim}) AS d FROM vectors v "
@@ -108,11 +117,17 @@ class Queries:
                 return [Scored(record_of(row), float(row[-2])) for row in rows]
             if not rows or int(rows[0][-1]) < depth:
                 break  # nothing passes, or the index gave fewer rows than asked: scan
-            depth *= 2
+            # How deep ``k`` records that pass lie, at the rate the filters kept so far.
+            estimate = depth * k / len(rows)
+            if depth >= EF_SEARCH_MAX or estimate > EF_SEARCH_MAX:
+                break  # deeper than the index goes: scan
+            depth = min(max(depth * 2, math.ceil(estimate * _MARGIN)), EF_SEARCH_MAX)
+        # The exact scan: the records that pass the filters (by their indexes), each
+        # with its best passage (by ``vectors``' key), never the whole space.
         rows = await self.fetch(
-            f"SELECT {SELECT}, b.sim FROM (SELECT v.seq, 1.0 - min(v.embedding <=> %s) AS sim "
-            f"FROM vectors v JOIN records r ON r.seq = v.seq WHERE v.space = {number} "
-            f"AND {where} GROUP BY v.seq) b JOIN records r ON r.seq = b.seq "
+            f"SELECT {SELECT}, b.sim FROM records r CROSS JOIN LATERAL (SELECT 1.0 - "
+            f"min(v.embedding <=> %s) AS sim FROM vectors v WHERE v.seq = r.seq "
+            f"AND v.space = {number}) b WHERE {where} AND b.sim IS NOT NULL "
             "ORDER BY b.sim DESC, r.seq LIMIT %s",
             [query, *params, k],
         )
@@ -167,6 +182,7 @@ class Queries:
             f"ON v.seq = r.seq AND v.passage = 0 AND v.space = {space[0]} "
             "WHERE r.id = ANY(%s) AND r.embedder = %s AND r.live",
             [sorted(wanted), embedder],
+            binary=True,
         )
         from memory_mcp.records import parse_time
 
@@ -194,6 +210,7 @@ class Queries:
             "SELECT v.embedding FROM records r JOIN vectors v ON v.seq = r.seq "
             "WHERE r.id = %s AND r.embedder = %s AND r.live ORDER BY v.passage",
             [record_id, embedder],
+            binary=True,
         )
         if not rows:
             return None

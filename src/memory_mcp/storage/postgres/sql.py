@@ -7,9 +7,7 @@ from typing import Any
 from memory_mcp.errors import StorageError
 from memory_mcp.storage.base import Filters
 from memory_mcp.storage.bm25 import K1, B
-from memory_mcp.storage.rows import INSERT_COLUMNS, INSERT_WIDTH, SELECT
-
-INSERT = f"INSERT INTO records ({INSERT_COLUMNS}) VALUES ({', '.join(['%s'] * INSERT_WIDTH)})"
+from memory_mcp.storage.rows import SELECT
 
 
 def filters_sql(f: Filters, *, live_only: bool = True) -> tuple[str, list[Any]]:
@@ -43,9 +41,13 @@ def lexical_sql(where: str) -> str:
     """FTS5's BM25 (``bm25``) over the records holding a stem of ``%s`` (one a phrase),
     filtered by ``where``, best first, ``LIMIT %s``.
 
-    ``n(q)`` counts the records that hold each stem (an index-only count in
-    ``record_terms``); ``N`` and the mean length come from ``lexical_stats``.
-    Ties go to the older record.
+    ``n(q)`` counts the postings of each stem, and the scores are summed over
+    them, both from ``record_terms``'s primary key alone (it covers the weighted
+    frequency and the record's length: index-only scans, no visit to the
+    records). Then the records are visited best first, each checked against
+    ``where``, until ``LIMIT`` have passed: a few more than ``LIMIT`` reads of
+    ``records`` however many records hold the words. ``N`` and the mean length
+    come from ``lexical_stats``. Ties go to the older record.
     """
     return f"""
 WITH q AS (SELECT t.term FROM unnest(%s::text[]) AS t(term)),
@@ -56,16 +58,16 @@ idf AS (
     FROM q CROSS JOIN stats
     CROSS JOIN LATERAL (SELECT count(*)::float8 AS n FROM record_terms x WHERE x.term = q.term) h
 ),
-scored AS (
-    SELECT t.seq, sum(idf.w * t.tf * {K1 + 1} / (t.tf + {K1} * (1 - {B} + {B} * r.doc_len
+scored AS MATERIALIZED (
+    SELECT t.seq, sum(idf.w * t.tf * {K1 + 1} / (t.tf + {K1} * (1 - {B} + {B} * t.doc_len
            / stats.avgdl))) AS s
-    FROM idf JOIN record_terms t ON t.term = idf.term
-    JOIN records r ON r.seq = t.seq CROSS JOIN stats
-    WHERE {where}
+    FROM idf JOIN record_terms t ON t.term = idf.term CROSS JOIN stats
     GROUP BY t.seq
 )
-SELECT {SELECT}, scored.s FROM scored JOIN records r ON r.seq = scored.seq
-ORDER BY scored.s DESC, r.seq LIMIT %s
+SELECT {SELECT}, x.s FROM (SELECT seq, s FROM scored ORDER BY s DESC, seq) x
+JOIN records r ON r.seq = x.seq
+WHERE {where}
+ORDER BY x.s DESC, x.seq LIMIT %s
 """
 
 

@@ -171,20 +171,25 @@ class PgStore(UpkeepReads, Queries):
             await self._pool.close()
 
     async def fetch(
-        self, sql: str, params: Sequence[Any] = (), *, ef_search: int | None = None
+        self,
+        sql: str,
+        params: Sequence[Any] = (),
+        *,
+        ef_search: int | None = None,
+        binary: bool = False,
     ) -> list[Any]:
         import psycopg
 
         try:
             async with self._pool.connection() as conn:
                 if ef_search is None:
-                    cursor = await conn.execute(sql.encode(), params)
+                    cursor = await conn.cursor(binary=binary).execute(sql.encode(), params)
                     return await cursor.fetchall() if cursor.description else []
                 async with conn.transaction():
                     await conn.execute(
                         "SELECT set_config('hnsw.ef_search', %s, true)", [str(ef_search)]
                     )
-                    cursor = await conn.execute(sql.encode(), params)
+                    cursor = await conn.cursor(binary=binary).execute(sql.encode(), params)
                     rows: list[Any] = await cursor.fetchall()
                     return rows
         except psycopg.Error as exc:
@@ -208,18 +213,17 @@ class PgStore(UpkeepReads, Queries):
             spaces = dict(self._spaces)
             try:
                 async with self._pool.connection() as conn, conn.transaction():
-                    await conn.execute(
-                        "SELECT set_config('lock_timeout', %s, true)",
-                        [f"{self.busy_timeout_ms}ms"],
-                    )
-                    try:
-                        await conn.execute("SELECT pg_advisory_xact_lock(%s)", [WRITE_LOCK])
+                    try:  # one round trip: three statements, two of them constant
+                        await conn.execute(
+                            f"SELECT set_config('lock_timeout', '{int(self.busy_timeout_ms)}ms', "
+                            f"true); SELECT pg_advisory_xact_lock({WRITE_LOCK}); "
+                            "SELECT set_config('lock_timeout', '0', true)".encode()
+                        )
                     except errors.LockNotAvailable as exc:
                         raise StorageError(
                             "the database is busy: another memory-mcp process held its write "
                             "lock longer than storage.busy_timeout_ms"
                         ) from exc
-                    await conn.execute("SELECT set_config('lock_timeout', '0', true)")
                     yield Transaction(conn, self)
             except psycopg.Error as exc:
                 self._spaces = spaces

@@ -12,8 +12,10 @@ from memory_mcp.storage.base import TaskState, Vector
 from memory_mcp.storage.bm25 import document_terms, indexed_columns
 from memory_mcp.storage.history import unfold
 from memory_mcp.storage.postgres.queries import Queries, _unit
-from memory_mcp.storage.postgres.sql import INSERT, storage_error
+from memory_mcp.storage.postgres.sql import storage_error
 from memory_mcp.storage.rows import (
+    INSERT_COLUMNS,
+    INSERT_WIDTH,
     conflict_params,
     content_params,
     finish_params,
@@ -36,7 +38,12 @@ class Transaction(Queries):
         self._store = store
 
     async def fetch(
-        self, sql: str, params: Sequence[Any] = (), *, ef_search: int | None = None
+        self,
+        sql: str,
+        params: Sequence[Any] = (),
+        *,
+        ef_search: int | None = None,
+        binary: bool = False,
     ) -> list[Any]:
         import psycopg
 
@@ -45,7 +52,7 @@ class Transaction(Queries):
                 await self._conn.execute(
                     "SELECT set_config('hnsw.ef_search', %s, true)", [str(ef_search)]
                 )
-            cursor = await self._conn.execute(sql.encode(), params)
+            cursor = await self._conn.cursor(binary=binary).execute(sql.encode(), params)
             return await cursor.fetchall() if cursor.description else []
         except psycopg.Error as exc:
             raise storage_error(exc) from exc
@@ -66,9 +73,9 @@ class Transaction(Queries):
         await self.execute("DELETE FROM record_terms WHERE seq = %s", [seq])
         if terms:
             await self.execute(
-                "INSERT INTO record_terms (term, seq, tf) "
-                "SELECT t.term, %s, t.tf FROM unnest(%s::text[], %s::float8[]) AS t(term, tf)",
-                [seq, list(terms), list(terms.values())],
+                "INSERT INTO record_terms (term, seq, tf, doc_len) "
+                "SELECT t.term, %s, t.tf, %s FROM unnest(%s::text[], %s::float8[]) AS t(term, tf)",
+                [seq, length, list(terms), list(terms.values())],
             )
         await self.execute(
             "UPDATE records SET doc_len = %s WHERE seq = %s AND doc_len <> %s",
@@ -93,25 +100,63 @@ class Transaction(Queries):
 
     async def insert(self, record: Record, vectors: Vector | None) -> None:
         """Insert a new record with its passage vectors (one row per passage)."""
-        await self._insert(record)
-        if vectors is not None and record.embedder:
+        if vectors is None or not record.embedder:
+            await self._insert(record)
+        elif record.archived_at is not None or record.replaced_by is not None:
+            await self._insert(record)  # only current records are indexed
             await self._put_vectors(record.id, vectors, record.embedder)
+        else:
+            matrix = _passages(vectors)
+            space = await self._store.space(self, record.embedder, dim=int(matrix.shape[1]))
+            assert space is not None  # made when missing, given a dimension
+            await self._insert(record, space=space[0], vectors=[_unit(row) for row in matrix])
 
-    async def _insert(self, record: Record) -> None:
-        rows = await self.fetch(f"{INSERT} RETURNING seq", record_params(record))
-        await self.index_text(int(rows[0][0]), record.content, merged_text(record), record.tags)
+    async def _insert(
+        self,
+        record: Record,
+        *,
+        space: int = 0,
+        vectors: Sequence[Any] = (),
+        unless_known: bool = False,
+    ) -> bool:
+        """Insert a record, its stems for BM25 (``index_text``) and its passage
+        ``vectors`` (in vector space ``space``) in one statement; False if
+        ``unless_known`` and its id exists already (nothing is written)."""
+        length, terms = document_terms(
+            indexed_columns(record.content, merged_text(record), record.tags)
+        )
+        placeholders = ", ".join(["%s"] * (INSERT_WIDTH + 2))
+        sql = (
+            f"WITH r AS (INSERT INTO records ({INSERT_COLUMNS}, doc_len, vec_rows) "
+            f"VALUES ({placeholders}) {'ON CONFLICT (id) DO NOTHING ' if unless_known else ''}"
+            "RETURNING seq), "
+            "t AS (INSERT INTO record_terms (term, seq, tf, doc_len) "
+            "SELECT t.term, r.seq, t.tf, %s FROM r, "
+            "unnest(%s::text[], %s::float8[]) AS t(term, tf))"
+        )
+        params = [
+            *record_params(record),
+            length,
+            len(vectors),
+            length,
+            list(terms),
+            list(terms.values()),
+        ]
+        if vectors:
+            sql += (
+                ", v AS (INSERT INTO vectors (seq, passage, space, embedding) "
+                "SELECT r.seq, x.n - 1, %s, x.e FROM r, "
+                "unnest(%s::vector[]) WITH ORDINALITY AS x(e, n))"
+            )
+            params += [space, list(vectors)]
+        return bool(await self.fetch(f"{sql} SELECT seq FROM r", params))
 
     async def insert_raw(self, record: Record) -> bool:
         """Insert an exported record exactly as it was; False if its id exists."""
-        if await self.fetch("SELECT 1 FROM records WHERE id = %s", [record.id]):
-            return False
-        await self._insert(record)
-        return True
+        return await self._insert(record, unless_known=True)
 
     async def _put_vectors(self, record_id: str, vectors: Vector, embedder: str) -> bool:
         """Make ``vectors`` the record's passage vectors; False if it is not current."""
-        import numpy as np
-
         slot = await self._seq(record_id)
         if slot is None:
             return False
@@ -122,7 +167,7 @@ class Transaction(Queries):
                 "UPDATE records SET embedder = NULL, vec_rows = 0 WHERE seq = %s", [seq]
             )
             return False  # only current records are indexed
-        matrix = np.atleast_2d(np.asarray(vectors, dtype=np.float32))[:MAX_PASSAGES]
+        matrix = _passages(vectors)
         space = await self._store.space(self, embedder, dim=int(matrix.shape[1]))
         assert space is not None  # made when missing, given a dimension
         number, _ = space
@@ -155,6 +200,7 @@ class Transaction(Queries):
         rows = await self.fetch(
             "SELECT embedding FROM vectors WHERE seq = %s ORDER BY passage LIMIT %s",
             [source[0], max(0, min(source[3], free))],
+            binary=True,
         )
         await self._write_vectors(target[0], space[0], embedder, target[3], [r[0] for r in rows])
         return len(rows)
@@ -405,3 +451,10 @@ class Transaction(Queries):
             finish_params(state, holder),
         )
         return changed > 0
+
+
+def _passages(vectors: Vector) -> Any:
+    """A record's passage vectors as rows of float32, at most ``MAX_PASSAGES``."""
+    import numpy as np
+
+    return np.atleast_2d(np.asarray(vectors, dtype=np.float32))[:MAX_PASSAGES]
