@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from memory_mcp.passages import MAX_PASSAGES
-from memory_mcp.records import Conflict, MergedEntry, Record, merged_text
-from memory_mcp.storage.base import TaskState, Vector
+from memory_mcp.records import Record, merged_text
+from memory_mcp.storage.base import Vector
 from memory_mcp.storage.bm25 import document_terms, indexed_columns
 from memory_mcp.storage.history import unfold
 from memory_mcp.storage.postgres.queries import Queries, _unit
@@ -16,13 +16,12 @@ from memory_mcp.storage.postgres.sql import storage_error
 from memory_mcp.storage.rows import (
     INSERT_COLUMNS,
     INSERT_WIDTH,
-    conflict_params,
     content_params,
-    finish_params,
     merged_params,
     record_params,
     texts_params,
 )
+from memory_mcp.storage.statements import SharedWrites
 
 if TYPE_CHECKING:
     import psycopg
@@ -30,8 +29,10 @@ if TYPE_CHECKING:
     from memory_mcp.storage.postgres.store import PgStore
 
 
-class Transaction(Queries):
+class Transaction(SharedWrites, Queries):
     """The writes, on the connection whose transaction holds the write lock."""
+
+    MARK = "%s"
 
     def __init__(self, conn: psycopg.AsyncConnection[Any], store: PgStore) -> None:
         self._conn = conn
@@ -205,43 +206,6 @@ class Transaction(Queries):
         await self._write_vectors(target[0], space[0], embedder, target[3], [r[0] for r in rows])
         return len(rows)
 
-    async def set_vectors(self, items: Sequence[tuple[Record, Vector]], embedder: str) -> int:
-        """Replace the vectors of records (re-embedding); how many were updated.
-
-        A record whose text or folded texts changed since it was read (another
-        process refined or unfolded it meanwhile) is left for the next round.
-        """
-        done = 0
-        for record, vectors in items:
-            unchanged = await self.fetch(
-                "SELECT 1 FROM records WHERE id = %s AND content = %s AND merged_text = %s",
-                [record.id, record.content, merged_text(record)],
-            )
-            if unchanged:
-                done += await self._put_vectors(record.id, vectors, embedder)
-        return done
-
-    async def fold_into(self, old: Record, new_id: str, entry: MergedEntry, at: str) -> None:
-        """Retire ``old`` after its text moved into record ``new_id``'s ``merged_from``."""
-        del entry  # the entry lives in the new record; the old row points at it
-        await self.execute(
-            "UPDATE records SET archived_at = %s, archived_reason = 'folded', replaced_by = %s "
-            "WHERE id = %s",
-            [at, new_id, old.id],
-        )
-
-    async def replace(self, old: Record, new_id: str) -> None:
-        """Make ``old`` history of ``new_id`` (superseded fact, previous goal or plan)."""
-        await self.execute("UPDATE records SET replaced_by = %s WHERE id = %s", [new_id, old.id])
-
-    async def archive(self, record_id: str, reason: str, at: str) -> bool:
-        changed = await self.execute(
-            "UPDATE records SET archived_at = %s, archived_reason = %s "
-            "WHERE id = %s AND archived_at IS NULL",
-            [at, reason, record_id],
-        )
-        return changed > 0
-
     async def add_conflict(
         self, scope_key: str, record_id: str, other_id: str, reason: str, at: str
     ) -> int:
@@ -251,51 +215,6 @@ class Transaction(Queries):
             [scope_key, record_id, other_id, reason, at],
         )
         return int(rows[0][0])
-
-    async def add_alias(self, alias: str, key: str, at: str, *, replace: bool = True) -> bool:
-        """Read ``alias`` as ``key``; with ``replace`` False only if it has no row yet."""
-        if not replace:
-            return (
-                await self.execute(
-                    "INSERT INTO scope_aliases (alias, key, attached_at) VALUES (%s, %s, %s) "
-                    "ON CONFLICT (alias) DO NOTHING",
-                    [alias, key, at],
-                )
-                > 0
-            )
-        return (
-            await self.execute(
-                "INSERT INTO scope_aliases (alias, key, attached_at) VALUES (%s, %s, %s) "
-                "ON CONFLICT (alias) DO UPDATE SET key = excluded.key, "
-                "attached_at = excluded.attached_at, detached_at = NULL "
-                "WHERE scope_aliases.key <> excluded.key OR scope_aliases.detached_at IS NOT NULL",
-                [alias, key, at],
-            )
-            > 0
-        )
-
-    async def remove_alias(self, alias: str, at: str) -> bool:
-        """Detach an attached alias (its row stays, so adoption leaves it detached)."""
-        changed = await self.execute(
-            "UPDATE scope_aliases SET detached_at = %s WHERE alias = %s AND detached_at IS NULL",
-            [at, alias],
-        )
-        return changed > 0
-
-    async def import_conflict(self, conflict: Conflict) -> bool:
-        """Insert an exported conflict unless the same one is already there."""
-        exists = await self.fetch(
-            "SELECT 1 FROM conflicts WHERE record_id = %s AND other_id = %s AND created_at = %s",
-            [conflict.record_id, conflict.other_id, conflict.created_at],
-        )
-        if exists:
-            return False
-        await self.execute(
-            "INSERT INTO conflicts (scope_key, record_id, other_id, reason, created_at, "
-            "resolved_at, resolution) VALUES (%s, %s, %s, %s, %s, %s, %s)",
-            conflict_params(conflict),
-        )
-        return True
 
     async def update_merged(self, record: Record, at: str) -> bool:
         """Write what a fold into a current record changed (``write.absorb``)."""
@@ -411,14 +330,6 @@ class Transaction(Queries):
         )
         return deleted
 
-    async def resolve_conflict(self, conflict_id: int, resolution: str, at: str) -> bool:
-        changed = await self.execute(
-            "UPDATE conflicts SET resolved_at = %s, resolution = %s "
-            "WHERE id = %s AND resolved_at IS NULL",
-            [at, resolution, conflict_id],
-        )
-        return changed > 0
-
     async def claim(
         self, task: str, holder: str, now: str, until: str, cursor: dict[str, Any] | None = None
     ) -> bool:
@@ -431,24 +342,6 @@ class Transaction(Queries):
             "cursor = coalesce(%s, cursor) WHERE task = %s AND (holder IS NULL OR holder = %s "
             "OR lease_until IS NULL OR lease_until < %s)",
             [holder, until, None if cursor is None else json.dumps(cursor), task, holder, now],
-        )
-        return changed > 0
-
-    async def release(self, task: str, holder: str) -> None:
-        """Give a task's lease back without recording a run."""
-        await self.execute(
-            "UPDATE maintenance SET holder = NULL, lease_until = NULL "
-            "WHERE task = %s AND holder = %s",
-            [task, holder],
-        )
-
-    async def finish(self, state: TaskState, holder: str) -> bool:
-        """Record a run of a task and give its lease back; False if the lease was lost."""
-        changed = await self.execute(
-            "UPDATE maintenance SET holder = NULL, lease_until = NULL, last_started_at = %s, "
-            "last_finished_at = %s, last_summary = %s, last_error = %s, failures = %s, "
-            "retry_after = %s, cursor = %s WHERE task = %s AND holder = %s",
-            finish_params(state, holder),
         )
         return changed > 0
 

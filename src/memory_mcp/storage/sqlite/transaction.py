@@ -10,13 +10,11 @@ from typing import TYPE_CHECKING, Any
 import aiosqlite
 
 from memory_mcp.passages import MAX_PASSAGES
-from memory_mcp.records import Conflict, MergedEntry, Record, merged_text
-from memory_mcp.storage.base import TaskState, Vector
+from memory_mcp.records import Record
+from memory_mcp.storage.base import Vector
 from memory_mcp.storage.history import unfold
 from memory_mcp.storage.rows import (
-    conflict_params,
     content_params,
-    finish_params,
     merged_params,
     texts_params,
 )
@@ -24,13 +22,12 @@ from memory_mcp.storage.sqlite.driver import OPERATIONAL_ERRORS
 from memory_mcp.storage.sqlite.queries import Queries
 from memory_mcp.storage.sqlite.sql import (
     INSERT,
-    SELECT,
     marks,
-    record_of,
     record_params,
     storage_error,
 )
 from memory_mcp.storage.sqlite.vectors import Slot, log_change, rowids_of, to_blob
+from memory_mcp.storage.statements import SharedWrites
 
 if TYPE_CHECKING:
     from memory_mcp.storage.sqlite.store import SqliteStore
@@ -38,8 +35,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class Transaction(Queries):
+class Transaction(SharedWrites, Queries):
     """One ``BEGIN IMMEDIATE`` transaction on the writer connection."""
+
+    MARK = "?"
 
     def __init__(self, conn: aiosqlite.Connection, store: SqliteStore) -> None:
         super().__init__(conn, store)
@@ -130,44 +129,6 @@ class Transaction(Queries):
         await self._write_vectors(table, embedder, target, target.vec_rows, blobs)
         return len(blobs)
 
-    async def set_vectors(self, items: Sequence[tuple[Record, Vector]], embedder: str) -> int:
-        """Replace the vectors of records (re-embedding); returns how many were updated.
-
-        A record whose text or folded texts changed since it was read (another
-        process refined or unfolded it meanwhile) is left for the next round.
-        """
-        done = 0
-        for record, vectors in items:
-            unchanged = await self.fetch(
-                "SELECT 1 FROM records WHERE id = ? AND content = ? AND merged_text = ?",
-                [record.id, record.content, merged_text(record)],
-            )
-            if unchanged:
-                done += await self._put_vectors(record.id, vectors, embedder)
-        return done
-
-    async def fold_into(self, old: Record, new_id: str, entry: MergedEntry, at: str) -> None:
-        """Retire ``old`` after its text moved into record ``new_id``'s ``merged_from``."""
-        del entry  # the entry lives in the new record; the old row points at it
-        # updated_at stays: restoring the record gives it back exactly as it was.
-        await self.execute(
-            "UPDATE records SET archived_at = ?, archived_reason = 'folded', replaced_by = ? "
-            "WHERE id = ?",
-            [at, new_id, old.id],
-        )
-
-    async def replace(self, old: Record, new_id: str) -> None:
-        """Make ``old`` history of ``new_id`` (superseded fact, previous goal or plan)."""
-        await self.execute("UPDATE records SET replaced_by = ? WHERE id = ?", [new_id, old.id])
-
-    async def archive(self, record_id: str, reason: str, at: str) -> bool:
-        changed = await self.execute(
-            "UPDATE records SET archived_at = ?, archived_reason = ? "
-            "WHERE id = ? AND archived_at IS NULL",
-            [at, reason, record_id],
-        )
-        return changed > 0
-
     async def add_conflict(
         self, scope_key: str, record_id: str, other_id: str, reason: str, at: str
     ) -> int:
@@ -178,21 +139,6 @@ class Transaction(Queries):
         )
         return int(cursor.lastrowid or 0)
 
-    async def import_conflict(self, conflict: Conflict) -> bool:
-        """Insert an exported conflict unless the same one is already there."""
-        exists = await self.fetch(
-            "SELECT 1 FROM conflicts WHERE record_id = ? AND other_id = ? AND created_at = ?",
-            [conflict.record_id, conflict.other_id, conflict.created_at],
-        )
-        if exists:
-            return False
-        await self.execute(
-            "INSERT INTO conflicts (scope_key, record_id, other_id, reason, created_at, "
-            "resolved_at, resolution) VALUES (?, ?, ?, ?, ?, ?, ?)",
-            conflict_params(conflict),
-        )
-        return True
-
     async def insert_raw(self, record: Record) -> bool:
         """Insert an exported record exactly as it was; False if its id exists."""
         exists = await self.fetch("SELECT 1 FROM records WHERE id = ?", [record.id])
@@ -200,11 +146,6 @@ class Transaction(Queries):
             return False
         await self.execute(INSERT, record_params(record))
         return True
-
-    async def get(self, record_id: str) -> Record | None:
-        """A record as this transaction sees it."""
-        rows = await self.fetch(f"SELECT {SELECT} FROM records r WHERE r.id = ?", [record_id])
-        return record_of(rows[0]) if rows else None
 
     async def update_merged(self, record: Record, at: str) -> bool:
         """Write what a fold into a current record changed (``write.absorb``)."""
@@ -282,36 +223,6 @@ class Transaction(Queries):
             [scope_key, at],
         )
 
-    async def add_alias(self, alias: str, key: str, at: str, *, replace: bool = True) -> bool:
-        """Read ``alias`` as ``key``; with ``replace`` False only if it has no row yet."""
-        if not replace:
-            return (
-                await self.execute(
-                    "INSERT INTO scope_aliases (alias, key, attached_at) VALUES (?, ?, ?) "
-                    "ON CONFLICT (alias) DO NOTHING",
-                    [alias, key, at],
-                )
-                > 0
-            )
-        return (
-            await self.execute(
-                "INSERT INTO scope_aliases (alias, key, attached_at) VALUES (?, ?, ?) "
-                "ON CONFLICT (alias) DO UPDATE SET key = excluded.key, "
-                "attached_at = excluded.attached_at, detached_at = NULL "
-                "WHERE scope_aliases.key != excluded.key OR scope_aliases.detached_at IS NOT NULL",
-                [alias, key, at],
-            )
-            > 0
-        )
-
-    async def remove_alias(self, alias: str, at: str) -> bool:
-        """Detach an attached alias (its row stays, so adoption leaves it detached)."""
-        changed = await self.execute(
-            "UPDATE scope_aliases SET detached_at = ? WHERE alias = ? AND detached_at IS NULL",
-            [at, alias],
-        )
-        return changed > 0
-
     async def purge(self, record_ids: Sequence[str], archived_before: str, at: str) -> int:
         """Hard-delete archived records archived before a time, with their history.
 
@@ -365,14 +276,6 @@ class Transaction(Queries):
         )
         return deleted
 
-    async def resolve_conflict(self, conflict_id: int, resolution: str, at: str) -> bool:
-        changed = await self.execute(
-            "UPDATE conflicts SET resolved_at = ?, resolution = ? "
-            "WHERE id = ? AND resolved_at IS NULL",
-            [at, resolution, conflict_id],
-        )
-        return changed > 0
-
     async def claim(
         self, task: str, holder: str, now: str, until: str, cursor: dict[str, Any] | None = None
     ) -> bool:
@@ -386,23 +289,5 @@ class Transaction(Queries):
             "WHERE task = ? AND (holder IS NULL OR holder = ? OR lease_until IS NULL "
             "OR lease_until < ?)",
             [holder, until, None if cursor is None else json.dumps(cursor), task, holder, now],
-        )
-        return changed > 0
-
-    async def release(self, task: str, holder: str) -> None:
-        """Give a task's lease back without recording a run."""
-        await self.execute(
-            "UPDATE maintenance SET holder = NULL, lease_until = NULL "
-            "WHERE task = ? AND holder = ?",
-            [task, holder],
-        )
-
-    async def finish(self, state: TaskState, holder: str) -> bool:
-        """Record a run of a task and give its lease back; False if the lease was lost."""
-        changed = await self.execute(
-            "UPDATE maintenance SET holder = NULL, lease_until = NULL, last_started_at = ?, "
-            "last_finished_at = ?, last_summary = ?, last_error = ?, failures = ?, "
-            "retry_after = ?, cursor = ? WHERE task = ? AND holder = ?",
-            finish_params(state, holder),
         )
         return changed > 0
