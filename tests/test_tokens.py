@@ -9,15 +9,19 @@ from pathlib import Path
 
 import httpx
 import pytest
+from mcp import Client
 from mcp.client.sse import sse_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
 from starlette.types import Receive, Scope, Send
 
 from helpers.serving import http_server, round_trip
-from helpers.tools import client
+from helpers.storage import open_url
+from helpers.tools import call, client
 from memory_mcp.config import ServeSettings
 from memory_mcp.errors import ConfigError, InvalidInput
-from memory_mcp.mcp.tokens import Caller, Tokens, add_token, read_tokens
-from memory_mcp.mcp.transports import CALLER_KEY, BearerAuth, check_exposure
+from memory_mcp.mcp.tokens import CALLER_KEY, Caller, Tokens, add_token, read_tokens
+from memory_mcp.mcp.transports import BearerAuth, check_exposure
 
 pytestmark = pytest.mark.anyio
 
@@ -121,3 +125,40 @@ async def test_a_server_with_a_tokens_file_admits_each_user_and_no_one_else(
             client(sse_client(url, headers={"Authorization": f"Bearer {bob}"}), "codex"),
             cwd=project,
         )
+
+
+async def test_each_token_user_reads_the_team_memories_and_only_their_own_personal_ones(
+    env: dict[str, str], project: Path, tmp_path: Path
+) -> None:
+    """One shared streamable-HTTP server, two users: what each stores is attributed to
+    them; the other finds the project's shared memories, never their personal ones."""
+    file = tmp_path / "tokens.toml"
+    alice, bob = add_token(file, "alice"), add_token(file, "bob")
+    env = {**env, "MEMORY_MCP_SERVE_TOKENS_FILE": str(file)}
+
+    def as_user(url: str, token: str, name: str) -> Client:
+        http = create_mcp_http_client(headers={"Authorization": f"Bearer {token}"})
+        return client(streamable_http_client(url, http_client=http), name)
+
+    where = {"cwd": str(project)}
+    with http_server(env, project, "streamable-http") as (url, _):
+        async with as_user(url, alice, "claude-code") as a:
+            shared = await call(a, "memory_store", content="CI caches pip wheels", **where)
+            personal = await call(
+                a, "memory_store", content="I review CI logs in vim", scope="global"
+            )
+            private = await call(
+                a, "memory_store", content="My CI token rotates monthly", private=True, **where
+            )
+        async with as_user(url, bob, "codex") as b:
+            seen = await call(b, "memory_search", query="CI pip vim token", **where)
+            brief = await call(b, "memory_brief", **where)
+        async with as_user(url, alice, "gemini-cli") as a:
+            own = await call(a, "memory_search", query="CI pip vim token", **where)
+    assert [r["id"] for r in seen["results"]] == [shared["id"]]
+    assert "vim" not in brief["brief"] and "rotates" not in brief["brief"]
+    assert {shared["id"], personal["id"], private["id"]} <= {r["id"] for r in own["results"]}
+    url = env.get("MEMORY_MCP_STORAGE_URL") or f"sqlite://{tmp_path / 'data' / 'memory.db'}"
+    async with open_url(url) as memory:
+        assert (await memory.get(shared["id"])).user == "alice"
+        assert (await memory.get(private["id"])).private

@@ -45,7 +45,10 @@ async def forget(
     if (
         record is not None
         and not anywhere
-        and record.scope_key not in await engine.scope_keys("all", cwd)
+        and (
+            record.scope_key not in await engine.scope_keys("all", cwd)
+            or not record.visible_to(engine.user)
+        )
     ):
         record = None
     if record is None:

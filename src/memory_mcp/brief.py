@@ -136,15 +136,20 @@ async def build_brief(
     def line(record: Record, limit: int) -> str:
         return _one_line(record.content, limit, redact=engine.redacts)
 
-    docs = await engine.store.current(Filters(scope_keys=project, corpora=("docs",)), 10)
+    mine = engine.user  # what the brief shows is what this user may read
+    docs = await engine.store.current(
+        Filters(scope_keys=project, corpora=("docs",), viewer=mine), 10
+    )
     latest = {kind: next((r for r in docs if r.kind == kind), None) for kind in ("goal", "plan")}
     journal = await engine.store.current(
-        Filters(scope_keys=project, corpora=("journal",)), settings.journal_entries
+        Filters(scope_keys=project, corpora=("journal",), viewer=mine), settings.journal_entries
     )
     wanted = max(1, (budget * 4) // 40)  # more lines than can fit: the budget decides
-    facts = await top_by_prior(engine, Filters(scope_keys=project, corpora=("facts",)), now, wanted)
+    facts = await top_by_prior(
+        engine, Filters(scope_keys=project, corpora=("facts",), viewer=mine), now, wanted
+    )
     global_facts = await top_by_prior(
-        engine, Filters(scope_keys=(GLOBAL_KEY,), corpora=("facts",)), now, wanted
+        engine, Filters(scope_keys=(GLOBAL_KEY,), corpora=("facts",), viewer=mine), now, wanted
     )
 
     head = [

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -44,6 +45,8 @@ SearchScope = Literal["project", "global", "all"]
 # waiting for the model (one call at a time) waits ~0.1 s, not the 0.8 s of 64 passages.
 EMBED_BATCH = 8
 _AWAITING_TTL_S = 30.0
+# Who the work of this task is for, when a request says (a shared server's caller).
+_acting: ContextVar[str | None] = ContextVar("memory_mcp_acting_user", default=None)
 
 
 @dataclass(frozen=True)
@@ -149,8 +152,21 @@ class Engine:
 
     @property
     def user(self) -> str:
-        """Who is acting: the store's user (its database role, or the local login)."""
-        return self.store.user
+        """Who is acting: the caller of the request being served (``acting_as``), else
+        the store's user (its database role, or the local login). What they write is
+        theirs; what they read is what ``Record.visible_to`` lets them."""
+        return _acting.get() or self.store.user
+
+    @staticmethod
+    @contextmanager
+    def acting_as(user: str | None) -> Iterator[None]:
+        """Work done inside (in this task and the tasks it starts) is ``user``'s; None
+        leaves it to the store's user."""
+        token = _acting.set(user)
+        try:
+            yield
+        finally:
+            _acting.reset(token)
 
     @property
     def ranking(self) -> ranker.RankerConfig:

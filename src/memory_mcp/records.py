@@ -221,6 +221,18 @@ class Record:
     def current(self) -> bool:
         return self.archived_at is None and self.replaced_by is None
 
+    @property
+    def personal(self) -> bool:
+        """Whether it is its writer's alone: private, or in the (personal) global scope."""
+        return self.private or self.scope == "global"
+
+    def visible_to(self, user: str) -> bool:
+        """Whether ``user`` may read it: a project's shared records are everyone's; a
+        personal one is its writer's (and a record of unknown writer, anyone's). The
+        stores' filters (``Filters.viewer``) and Postgres's row-level security say
+        the same."""
+        return not self.personal or self.user in (user, "")
+
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Record:
         """The inverse of ``to_json``; raises KeyError, TypeError or ValueError on bad data."""

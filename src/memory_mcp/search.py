@@ -92,6 +92,7 @@ async def search(
             "swap them or leave one out"
         )
     filters = Filters(
+        viewer=engine.user,
         scope_keys=await engine.scope_keys(scope, cwd),
         corpora=tuple(corpora),
         kinds=tuple(kinds),
@@ -132,7 +133,9 @@ async def project_search(
     text = _query_text(query)
     _check_limit(limit, MAX_SEARCH_LIMIT)
     keys = await engine.scope_keys("all", cwd)
-    branches = [(c, Filters(scope_keys=keys, corpora=(c,))) for c in PROJECT_CORPORA]
+    branches = [
+        (c, Filters(scope_keys=keys, corpora=(c,), viewer=engine.user)) for c in PROJECT_CORPORA
+    ]
     query_vector, found, warnings = await _fan_out(engine, text, branches)
     at = engine.clock()
     hits = fuse(found, dense=query_vector is not None, limit=limit, now=at, plan=engine.plan)
@@ -177,7 +180,7 @@ async def unified_search(
         raise InvalidInput(f"threshold must be a number from 0 to 1, got {threshold!r}")
     keys = await engine.scope_keys("all", cwd)
     branches = [
-        (source, Filters(scope_keys=keys, corpora=UNIFIED_SOURCES[source]))
+        (source, Filters(scope_keys=keys, corpora=UNIFIED_SOURCES[source], viewer=engine.user))
         for source in dict.fromkeys(chosen)
     ]
     query_vector, found, warnings = await _fan_out(engine, text, branches)

@@ -74,6 +74,10 @@ class MemoryService:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
+    # Work done inside ``with MemoryService.acting_as(user):`` is that user's: what it
+    # stores is theirs, what it reads is what they may (a shared server's caller).
+    acting_as = staticmethod(Engine.acting_as)
+
     @classmethod
     @asynccontextmanager
     async def open(

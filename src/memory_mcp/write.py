@@ -206,8 +206,13 @@ async def apply(
     if vectors is not None and embedder is not None:
         record.embedder = embedder
     # A duplicate stored under one of the project's aliases folds like any other.
+    # It folds only into records read by the same people: a shared fact never into a
+    # private one (it would vanish for the team), a personal one never into another's.
     same_corpus = Filters(
-        scope_keys=draft.scope_keys or (record.scope_key,), corpora=(record.corpus,)
+        scope_keys=draft.scope_keys or (record.scope_key,),
+        corpora=(record.corpus,),
+        viewer=record.user,
+        private=record.private,
     )
     result = StoreResult(
         id=record.id,

@@ -173,6 +173,45 @@ async def test_search_filters_apply_before_the_limit(store: Store) -> None:
         assert {s.record.id for s in near} == {r.id for r in wanted}
 
 
+async def test_a_reader_gets_the_shared_records_and_their_own_personal_ones(
+    store: Store,
+) -> None:
+    """``Filters.viewer`` is ``Record.visible_to`` on every read, before the limit."""
+    crowd = [record(f"cache note {n}", user="bob", private=True) for n in range(40)]
+    theirs = [
+        record("cache keys hash the lock file", user="bob"),
+        record("cache warmers run at six", user="alice", private=True),
+        record("cache of unknown writer"),
+    ]
+    personal = [
+        record("I clear my cache daily", scope="global", scope_key="", user="alice"),
+        record("I never clear my cache", scope="global", scope_key="", user="bob"),
+    ]
+    embedder = "test:3" if store.vectors_available else None
+    everyone = [*crowd, *theirs, *personal]
+    for r in everyone:
+        r.embedder = embedder
+    vectors = [unit(1, 0, 0)[None, :]] * len(crowd) + [unit(1, 0.01, 0)[None, :]] * 5
+    await insert(store, *everyone, vectors=vectors if embedder else None)
+    both = (SCOPE, "")
+    alice = Filters(both, ("facts",), viewer="alice")
+    seen = {theirs[0].id, theirs[1].id, theirs[2].id, personal[0].id}
+    assert {s.record.id for s in await store.lexical("cache", alice, 4)} == seen
+    assert {r.id for r in await store.current(alice, 4)} == seen
+    top = await store.top_by_prior(alice, ranker.RankerConfig(), NOW, 4)
+    assert {r.id for r, _ in top} == seen
+    if embedder:
+        assert {s.record.id for s in await store.nearest(unit(1, 0, 0), embedder, alice, 4)} == seen
+    mine = Filters(both, ("facts",), viewer="alice", private=True)
+    assert [s.record.id for s in await store.lexical("cache", mine, 10)] == [theirs[1].id]
+    shared = Filters((SCOPE,), ("facts",), private=False)
+    assert {s.record.id for s in await store.lexical("cache", shared, 50)} == {
+        theirs[0].id,
+        theirs[2].id,
+    }
+    assert len(await store.current(Filters(both, ("facts",)), 100)) == len(everyone)
+
+
 async def test_lexical_relevance_is_fts5s_bm25_on_every_backend(store: Store) -> None:
     """One lexical ranking: the scores ``storage.bm25`` computes (FTS5's BM25 over every
     record, archived ones too, with the column weights), in the same order."""

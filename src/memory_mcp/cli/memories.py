@@ -44,7 +44,7 @@ def store(
         bool,
         typer.Option(
             "--private",
-            help="Mark it as yours alone (a team's store does not hide it yet: see README).",
+            help="Yours alone: no teammate sees it (global memories are personal anyway).",
         ),
     ] = False,
     cwd: CwdOption = None,

@@ -56,7 +56,7 @@ async def _scope_insights(
     facts = await top_by_prior(
         run.engine, Filters(scope_keys=keys, corpora=("facts",)), now, INSIGHT_POOL
     )
-    groups = await _groups(run, facts, identity)
+    groups = [g for same in _by_readers(facts) for g in await _groups(run, same, identity)]
     wanted = {_fingerprint(group): group for group in groups}
     existing = await run.store.current(Filters(scope_keys=keys, corpora=("insights",)), 100_000)
     have = {str(r.meta.get("fingerprint", "")): r for r in existing}
@@ -75,6 +75,17 @@ async def _scope_insights(
     if records and not run.dry_run:
         await run.engine.embed_stored([r.id for r in records])
     return len(records), len(stale)
+
+
+def _by_readers(facts: list[Record]) -> list[list[Record]]:
+    """The facts split by who may read them (``Record.visible_to``): the shared ones
+    together, each writer's personal ones apart, so that no insight tells one user
+    what another kept to themselves. Each part keeps the facts' order."""
+    parts: dict[tuple[str, bool], list[Record]] = {}
+    for fact in facts:
+        readers = (fact.user, fact.private) if fact.personal else ("", False)
+        parts.setdefault(readers, []).append(fact)
+    return list(parts.values())
 
 
 async def _groups(run: TaskRun, facts: list[Record], identity: str | None) -> list[list[Record]]:
@@ -132,6 +143,8 @@ async def _insight(
         updated_at=at,
         tags=list(dict.fromkeys(t for f in group for t in f.tags))[:20],
         importance=0.75,
+        user=first.user if first.personal else run.engine.user,
+        private=first.private,
         meta={
             "sources": [f.id for f in group],
             "keywords": keywords,

@@ -138,7 +138,12 @@ async def consolidate(run: TaskRun) -> TaskReport:
 
 async def _consolidate_one(run: TaskRun, record: Record, identity: str | None) -> str | None:
     vectors = await run.store.vectors_of(record.id, identity) if identity else None
-    filters = Filters(scope_keys=await run.engine.same_scope(record.scope_key), corpora=("facts",))
+    filters = Filters(  # the same readers only, as on the write path (``write.apply``)
+        scope_keys=await run.engine.same_scope(record.scope_key),
+        corpora=("facts",),
+        viewer=record.user,
+        private=record.private,
+    )
     fold_settings = run.engine.settings.fold
     found = await neighbours(run.store, record, vectors, identity, filters, fold_settings)
     for other, similarity in found:

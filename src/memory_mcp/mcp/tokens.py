@@ -38,6 +38,8 @@ from memory_mcp.files import atomic_write
 
 log = logging.getLogger(__name__)
 
+# Where ``transports.BearerAuth`` puts the request's ``Caller`` in its ASGI scope.
+CALLER_KEY = "memory_mcp.caller"
 USER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,62}")
 _PREFIX = "sha256:"
 _HEADER = "# memory-mcp serve tokens: `memory-mcp team token NAME` adds one\n[users]\n"

@@ -38,6 +38,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from memory_mcp import __version__, views
 from memory_mcp.errors import InvalidInput, MemoryMcpError
+from memory_mcp.mcp.tokens import CALLER_KEY, Caller
 from memory_mcp.records import SearchResult
 from memory_mcp.scope import resolve_cwd
 from memory_mcp.service import MemoryService, UnifiedItem
@@ -236,6 +237,18 @@ def _where(cwd: str | None, roots: ListRootsResult | None) -> str | None:
         return working_directory(cwd, roots)
 
 
+def acting_user(context: Any) -> str | None:
+    """The user a request's bearer token names (``serve.tokens_file``), if any: whom the
+    tool works for. stdio, and the shared ``serve.token``, name none (the store's user)."""
+    try:
+        request = context.request_context.request
+    except (AttributeError, ValueError):  # no request: called in-process
+        return None
+    scope = getattr(request, "scope", None)
+    caller = scope.get(CALLER_KEY) if isinstance(scope, dict) else None
+    return caller.user if isinstance(caller, Caller) else None
+
+
 def _caller(ctx: Context) -> str:
     params = ctx.session.client_params
     return agent_name(params.client_info.name if params is not None else None)
@@ -340,7 +353,8 @@ class CheckedTool(Tool):
                 f"{self.name}: unknown argument {unknown[0]!r}; it takes {', '.join(known)}."
             )
         try:
-            return await super().run(arguments, context, convert_result)
+            with MemoryService.acting_as(acting_user(context)):
+                return await super().run(arguments, context, convert_result)
         except UnexpectedToolError:
             raise
         except ToolError as exc:  # the SDK's, with its long prefix: say it plainly
@@ -389,7 +403,7 @@ def build_server(memory: MemoryService) -> MCPServer[Any]:
         ] = None,
         tags: Annotated[list[str] | None, Field(description="Short labels.")] = None,
         private: Annotated[
-            bool, Field(description="true: mark as the user's alone (not yet hidden from a team).")
+            bool, Field(description="true: only this user will see it, never the team.")
         ] = False,
         cwd: Cwd = None,
     ) -> Stored:

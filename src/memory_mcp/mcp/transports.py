@@ -39,14 +39,12 @@ from mcp.server.transport_security import TransportSecuritySettings
 
 from memory_mcp.config import LoadedSettings, ServeSettings, load_settings
 from memory_mcp.errors import ConfigError, MemoryMcpError
-from memory_mcp.mcp.tokens import Tokens, read_tokens
+from memory_mcp.mcp.tokens import CALLER_KEY, Tokens, read_tokens
 from memory_mcp.mcp.tools import build_server
 from memory_mcp.scope import project_root
 from memory_mcp.service import MemoryService
 
 log = logging.getLogger(__name__)
-# Where BearerAuth puts the request's ``tokens.Caller`` in its ASGI scope.
-CALLER_KEY = "memory_mcp.caller"
 
 Transport = Literal["stdio", "sse", "streamable-http"]
 Scope = MutableMapping[str, Any]

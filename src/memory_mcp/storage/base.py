@@ -45,6 +45,9 @@ class Filters:
     since: str | None = None  # created_at >= since
     until: str | None = None  # created_at < until
     exclude_ids: tuple[str, ...] = ()
+    # Only what this user may read (``records.visible_to``); None: every record.
+    viewer: str | None = None
+    private: bool | None = None  # only private records (True), or only shared ones (False)
 
 
 @dataclass

@@ -59,6 +59,10 @@ INSERT_COLUMNS = (
     "user_name, private"
 )
 INSERT_WIDTH = 27
+# Who may read a record (``records.visible_to``; ``%s``: the reader): its writer, anyone
+# for a record written before writers were recorded, and, for a shared record of a
+# project, everyone. Postgres's row-level security says the same (``postgres.team``).
+VISIBLE = "(r.user_name IN (%s, '') OR (r.scope_key <> '' AND r.private = 0))"
 
 
 def record_of(row: Sequence[Any]) -> Record:

@@ -7,7 +7,7 @@ from typing import Any
 from memory_mcp.errors import StorageError
 from memory_mcp.storage.base import Filters
 from memory_mcp.storage.bm25 import K1, B
-from memory_mcp.storage.rows import SELECT
+from memory_mcp.storage.rows import SELECT, VISIBLE
 
 
 def filters_sql(f: Filters, *, live_only: bool = True) -> tuple[str, list[Any]]:
@@ -34,6 +34,12 @@ def filters_sql(f: Filters, *, live_only: bool = True) -> tuple[str, list[Any]]:
     if f.exclude_ids:
         clauses.append("NOT (r.id = ANY(%s))")
         params.append(list(f.exclude_ids))
+    if f.viewer is not None:
+        clauses.append(VISIBLE)
+        params.append(f.viewer)
+    if f.private is not None:
+        clauses.append("r.private = %s")
+        params.append(int(f.private))
     return " AND ".join(clauses), params
 
 

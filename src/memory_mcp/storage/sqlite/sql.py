@@ -18,6 +18,7 @@ from memory_mcp.storage.rows import (
     INSERT_COLUMNS,
     INSERT_WIDTH,
     SELECT,
+    VISIBLE,
     prior_sql,
     record_of,
     record_params,
@@ -71,6 +72,12 @@ def filters_sql(f: Filters, *, live_only: bool = True) -> tuple[str, list[Any]]:
     if f.exclude_ids:
         clauses.append(f"r.id NOT IN ({marks(f.exclude_ids)})")
         params.extend(f.exclude_ids)
+    if f.viewer is not None:
+        clauses.append(VISIBLE.replace("%s", "?"))
+        params.append(f.viewer)
+    if f.private is not None:
+        clauses.append("r.private = ?")
+        params.append(int(f.private))
     return " AND ".join(clauses), params
 
 
