@@ -1,12 +1,16 @@
-"""``project show|attach|detach|adopt`` and the identity in ``status``, through CliRunner."""
+"""``project show|attach|detach|adopt``, the identity in ``status``, and ``team init`` /
+``team add-user``, through CliRunner."""
 
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 
+import anyio
 import pytest
 
+from helpers import postgres
 from helpers.cli import run
 from helpers.git import git, repository
 
@@ -59,3 +63,28 @@ def test_an_alias_is_detached_and_attached_again_from_the_command_line(tmp_path:
     assert code == 66 and "not an alias" in err
     code, out, _ = run("project", "adopt", "--json", cwd=repo)
     assert code == 0 and json.loads(out)["adopted"] == []
+
+
+def test_team_init_and_add_user_prepare_a_postgres_store_and_refuse_a_sqlite_file(
+    project: Path, storage_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not postgres.is_postgres(storage_url):
+        code, _, err = run("team", "init", cwd=project)
+        assert code == 65 and "team mode runs on Postgres" in err
+        return
+    code, out, err = run("team", "init", "--json", cwd=project)
+    assert code == 0, err
+    assert any("memory_mcp_users" in line for line in json.loads(out)["done"])
+    role = f"frank_{uuid.uuid4().hex[:8]}"
+    try:
+        code, out, _ = run(
+            "team", "add-user", role, "--password-stdin", cwd=project, stdin="s3cret-pass\n"
+        )
+        assert code == 0 and f"{role}: role created (with the password given)" in out
+        assert "s3cret" not in out
+        code, out, _ = run("team", "add-user", role, "--url", storage_url, cwd=project)
+        assert code == 0 and "role joined" in out
+        code, _, err = run("team", "add-user", "bad name;", cwd=project)
+        assert code == 65 and "user name" in err
+    finally:
+        anyio.run(postgres.drop_roles, storage_url, role)

@@ -198,7 +198,9 @@ async def push(
     only what is missing. Each scope key goes to its portable key (``portable_keys``:
     a project's old path key becomes its identity, which another machine's
     clone of the project also has), or to what ``map_key`` says; aliases keep
-    their names and point at the mapped keys.
+    their names and point at the mapped keys. What the source's own user wrote (or
+    no one known) is the target's user's there, so that the global scope of a local
+    store becomes its pusher's personal scope in a team's store.
 
     Args:
         progress: called with (records copied, records in the source).
@@ -224,9 +226,16 @@ async def push(
         if batch:
             yield await moved(batch)
 
+    # What this machine's user wrote becomes the pusher's in the target (their role in a
+    # team's database): their global memories land in their personal scope there.
+    local = source.store.user
+
+    def writer(record: Record) -> str:
+        return target.user if record.user in ("", local) else record.user
+
     async def moved(batch: list[Record]) -> list[Record]:
         await known({r.scope_key for r in batch})
-        return [replace(r, scope_key=mapped[r.scope_key]) for r in batch]
+        return [replace(r, scope_key=mapped[r.scope_key], user=writer(r)) for r in batch]
 
     found = await source.store.conflicts()
     await known({c.scope_key for c in found})
@@ -282,8 +291,11 @@ async def _add(
             for record in batch:
                 if redacts:
                     record = redact_record(record)[0]
-                # The vectors are not carried over: the record waits for the re-embed.
-                if await tx.insert_raw(replace(record, embedder=None)):
+                # The vectors are not carried over: the record waits for the re-embed. A
+                # record of unknown writer becomes the importer's (a team's database lets
+                # a member write only their own rows).
+                copy = replace(record, embedder=None, user=record.user or engine.user)
+                if await tx.insert_raw(copy):
                     added += 1
                 else:
                     skipped += 1

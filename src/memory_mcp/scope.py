@@ -5,7 +5,8 @@ its ``project.id``, else its ``origin`` remote, else its common git directory,
 else the real path of the directory). Its *root*, where spawn files and ingest
 act, is the git top-level of the working directory, else the directory itself.
 The ``global`` scope has the key ``""`` and is only ever written when a caller
-asks for it by name.
+asks for it by name; it is personal: each user reads only their own global
+records (``Record.visible_to``).
 """
 
 from __future__ import annotations

@@ -388,6 +388,26 @@ class MemoryService:
         async with self.engine.beside(url) as target:
             return await push(self.engine, target, progress=progress, embed_progress=embed_progress)
 
+    # Team ----------------------------------------------------------------------------
+
+    async def prepare_team(self) -> list[str]:
+        """Ready this (Postgres) store for members with roles of their own: the group
+        role, its grants, and the active embedder's vector index; what was done.
+
+        Raises:
+            InvalidInput: the store is a SQLite file.
+            StorageError: this role is not the database's owner or an administrator.
+        """
+        identity, dim = None, None
+        vectors = await self.engine.embed_records(["memory-mcp"])
+        if vectors is not None:
+            identity, dim = self.engine.embeddings.identity, int(vectors[0].shape[1])
+        return await self.engine.store.prepare_team(identity, dim)
+
+    async def add_member(self, name: str, password: str | None = None) -> str:
+        """Give ``name`` a database role in the team ("created", or "joined" if it existed)."""
+        return await self.engine.store.add_member(name, password)
+
     # Upkeep --------------------------------------------------------------------------
 
     async def maintain(

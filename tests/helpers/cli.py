@@ -12,13 +12,13 @@ from memory_mcp.cli.app import app
 runner = CliRunner()
 
 
-def run(*args: str, cwd: Path | None = None) -> tuple[int, str, str]:
-    """``memory-mcp ARGS`` run in ``cwd``: (exit code, stdout, stderr)."""
+def run(*args: str, cwd: Path | None = None, stdin: str | None = None) -> tuple[int, str, str]:
+    """``memory-mcp ARGS`` run in ``cwd`` (reading ``stdin``): (exit code, stdout, stderr)."""
     old = os.getcwd()
     if cwd is not None:
         os.chdir(cwd)
     try:
-        result = runner.invoke(app, list(args))
+        result = runner.invoke(app, list(args), input=stdin)
     finally:
         os.chdir(old)
     return result.exit_code, result.stdout, result.stderr

@@ -114,3 +114,21 @@ def drop_databases() -> None:
         url = made.pop()
         with _admin(url) as conn:
             conn.execute(f"DROP DATABASE IF EXISTS {_quoted(_database(url))} WITH (FORCE)".encode())
+
+
+def as_role(url: str, role: str) -> str:
+    """``url`` with ``role`` as its user (no password: the test server trusts local roles)."""
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{role}@{host}"))
+
+
+async def drop_roles(url: str, *roles: str) -> None:
+    """Drop roles a test made (and what they were granted in ``url``'s database)."""
+    import psycopg
+
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        for role in roles:
+            cursor = await conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [role])
+            if await cursor.fetchone():
+                await conn.execute(f'DROP OWNED BY "{role}"; DROP ROLE "{role}"'.encode())

@@ -5,9 +5,10 @@ on stdin (the go signal), then (STORE is a storage URL, for ``migrate`` a SQLite
 
 - ``crash``: stores numbered facts forever, printing each acknowledged id at once
   (the parent kills it with SIGKILL at some point);
-- ``soak SECONDS NAME``: stores shared facts (in several wordings) and facts of
+- ``soak SECONDS NAME [USER]``: stores shared facts (in several wordings) and facts of
   its own, and searches, for SECONDS; prints a JSON summary (acknowledged ids,
-  errors, latencies);
+  errors, latencies); as USER, some of its own facts are personal, and a search
+  hit USER may not read is reported as a leak;
 - ``migrate``: applies the migrations plus a slow extra one, printing "inside"
   half-way (the parent kills it there).
 """
@@ -26,6 +27,7 @@ import anyio
 
 from helpers.processes import wait_for_go
 from helpers.storage import open_url
+from memory_mcp.service import MemoryService
 from memory_mcp.storage.sqlite.driver import choose_driver
 from memory_mcp.storage.sqlite.migrations import MIGRATIONS, Migration, migrate
 
@@ -56,38 +58,61 @@ async def crash(url: str, cwd: str) -> None:
             print(result.id, flush=True)
 
 
-async def soak(url: str, cwd: str, seconds: str, name: str) -> None:
+async def soak(url: str, cwd: str, seconds: str, name: str, user: str = "") -> None:
+    """Store and search for ``seconds``. With ``user`` (team mode), as that user: some
+    writes personal (global, or private), and every search hit checked to be one the
+    user may read (what was not is reported under "leaks")."""
     rng = random.Random(name)
     acked: list[str] = []
+    personal: list[str] = []
+    leaks: list[str] = []
     errors: list[str] = []
     store_ms: list[float] = []
     search_ms: list[float] = []
     async with open_url(url) as memory:
         wait_for_go()
-        deadline = time.monotonic() + float(seconds)
-        n = 0
-        while time.monotonic() < deadline:
-            n += 1
-            roll = rng.random()
-            started = time.perf_counter()
-            try:
-                if roll < 0.4:
-                    text = rng.choice(rng.choice(SHARED))
-                    acked.append((await memory.store(text, cwd=cwd, agent=name)).id)
-                    store_ms.append((time.perf_counter() - started) * 1000)
-                elif roll < 0.7:
-                    text = f"{name} note {n}: job {n} of {name} runs at {n % 24}:00"
-                    acked.append((await memory.store(text, cwd=cwd, agent=name)).id)
-                    store_ms.append((time.perf_counter() - started) * 1000)
-                else:
-                    query = rng.choice(["lint before push", "installs", "port", "deploy", name])
-                    await memory.search(query, cwd=cwd)
-                    search_ms.append((time.perf_counter() - started) * 1000)
-            except Exception:
-                errors.append(traceback.format_exc(limit=3))
+        with MemoryService.acting_as(user or None):
+            me = memory.engine.user
+            deadline = time.monotonic() + float(seconds)
+            n = 0
+            while time.monotonic() < deadline:
+                n += 1
+                roll = rng.random()
+                started = time.perf_counter()
+                try:
+                    if roll < 0.4:
+                        text = rng.choice(rng.choice(SHARED))
+                        acked.append((await memory.store(text, cwd=cwd, agent=name)).id)
+                        store_ms.append((time.perf_counter() - started) * 1000)
+                    elif roll < 0.7:
+                        text = f"{name} note {n}: job {n} of {name} runs at {n % 24}:00"
+                        mine = user and roll < 0.55
+                        where = {"scope": "global"} if mine and roll < 0.5 else {"cwd": cwd}
+                        result = await memory.store(
+                            text, agent=name, private=bool(mine and roll >= 0.5), **where
+                        )
+                        acked.append(result.id)
+                        if mine:
+                            personal.append(result.id)
+                        store_ms.append((time.perf_counter() - started) * 1000)
+                    else:
+                        query = rng.choice(["lint before push", "installs", "port", "deploy", name])
+                        found = await memory.search(query, cwd=cwd)
+                        leaks += [h.record.id for h in found.hits if not h.record.visible_to(me)]
+                        search_ms.append((time.perf_counter() - started) * 1000)
+                except Exception:
+                    errors.append(traceback.format_exc(limit=3))
     print(
         json.dumps(
-            {"acked": acked, "errors": errors, "store_ms": store_ms, "search_ms": search_ms}
+            {
+                "user": me,
+                "acked": acked,
+                "personal": personal,
+                "leaks": leaks,
+                "errors": errors,
+                "store_ms": store_ms,
+                "search_ms": search_ms,
+            }
         ),
         flush=True,
     )
@@ -118,7 +143,7 @@ if __name__ == "__main__":
     if mode == "crash":
         anyio.run(crash, store, rest[0])
     elif mode == "soak":
-        anyio.run(soak, store, *rest[:3])
+        anyio.run(soak, store, *rest[:4])
     elif mode == "migrate":
         migrate_slowly(store)
     else:

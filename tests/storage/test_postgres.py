@@ -7,6 +7,7 @@ skipped on SQLite. The contract (``test_contract``) holds it to everything else.
 from __future__ import annotations
 
 import shutil
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -15,10 +16,13 @@ import anyio
 import pytest
 
 from helpers import postgres
+from helpers.postgres import as_role, drop_roles
 from helpers.records import fact, unit
-from helpers.storage import store_url
+from helpers.storage import open_url, store_url
 from memory_mcp.config import Settings, StorageSettings
-from memory_mcp.errors import SchemaTooNew
+from memory_mcp.embedders.base import FakeEmbedder
+from memory_mcp.errors import SchemaTooNew, StorageError
+from memory_mcp.service import MemoryService
 from memory_mcp.storage import Filters, Store, open_store
 from memory_mcp.storage.postgres import dump
 
@@ -123,11 +127,15 @@ async def test_a_scratch_copy_lives_in_a_schema_dropped_after_it(store: Any) -> 
 
 
 async def test_nearest_reads_the_embedders_hnsw_index(store: Any) -> None:
+    """The query's shape matches the space's partial index. (With five rows the planner
+    may rather sort them, so sequential scans are ruled out for the question.)"""
     await filled(store)
-    plan = await store.fetch(
-        "EXPLAIN SELECT seq FROM vectors v WHERE v.space = 1 "
-        "ORDER BY v.embedding::vector(3) <=> '[1,0,0]'::vector(3) LIMIT 5"
-    )
+    async with store.write() as tx:
+        await tx.execute("SET LOCAL enable_seqscan = off")
+        plan = await tx.fetch(
+            "EXPLAIN SELECT seq FROM vectors v WHERE v.space = 1 "
+            "ORDER BY v.embedding::vector(3) <=> '[1,0,0]'::vector(3) LIMIT 5"
+        )
     assert "vectors_space_1" in "\n".join(str(row[0]) for row in plan)
 
 
@@ -190,8 +198,17 @@ async def test_m004_gives_each_posting_its_records_length(url: str) -> None:
                 "INSERT INTO record_terms (term, seq, tf) VALUES ('deploy', %s, 1), ('x', %s, 1)",
                 [seq, seq],
             )
+        await conn.execute(  # a personal record: m005 says whose its postings are
+            "INSERT INTO records (seq, id, corpus, kind, scope, scope_key, content, "
+            "content_hash, agent, created_at, updated_at, doc_len, user_name) VALUES "
+            "(3, 'f_3', 'facts', 'note', 'global', '', 'y', 'h', 'a', 't', 't', 1, 'zed')"
+        )
+        await conn.execute("INSERT INTO record_terms (term, seq, tf) VALUES ('y', 3, 1)")
         applied = await migrations.migrate(conn, "m004_test")
-        assert applied == ["m004_posting_lengths"]
+        assert applied == ["m004_posting_lengths", "m005_row_security"]
+        cursor = await conn.execute("SELECT DISTINCT seq, owner FROM record_terms ORDER BY 1")
+        assert await cursor.fetchall() == [(1, ""), (2, ""), (3, "zed")]
+        await conn.execute("DELETE FROM record_terms WHERE seq = 3")
         await conn.execute("INSERT INTO record_terms (term, seq, tf) VALUES ('late', 2, 0.3)")
         cursor = await conn.execute("SELECT term, seq, doc_len FROM record_terms ORDER BY 1, 2")
         assert await cursor.fetchall() == [
@@ -239,3 +256,108 @@ async def test_a_filter_that_keeps_a_tenth_deepens_to_where_k_of_them_lie(store:
 
     exact = sorted(range(0, 600, 10), key=lambda n: -cosine(n))[:30]
     assert [s.record.id for s in near] == [records[n].id for n in exact]
+
+
+async def test_row_level_security_keeps_personal_memories_from_teammates_reading_tables(
+    url: str, tmp_path: Path
+) -> None:
+    """Alice and Bob connect with roles of their own (``team add-user``). Bob, reading
+    the tables directly with SQL, sees the project's shared memory, never Alice's
+    global or private ones, nor their stems or vectors; through the product neither."""
+    suffix = uuid.uuid4().hex[:8]
+    alice, bob = f"alice_{suffix}", f"bob_{suffix}"
+    admin_settings = settings_for(url)
+    async with MemoryService.open(
+        admin_settings, embedder=FakeEmbedder(), wait_for_embedder=10
+    ) as admin:
+        done = await admin.prepare_team()
+        assert any("vector index" in line for line in done)
+        assert await admin.add_member(alice) == "created"
+        assert await admin.add_member(bob) == "created"
+        assert await admin.add_member(bob) == "joined"
+    try:
+        async with open_url(as_role(url, alice)) as a:
+            assert a.engine.user == alice
+            shared = await a.store("The release job signs the wheels", cwd=tmp_path)
+            personal = await a.store("I keep my release notes in a notebook", scope="global")
+            private = await a.store(
+                "My release signing passphrase hint is the cat", private=True, cwd=tmp_path
+            )
+        assert (await _rows(as_role(url, bob), "SELECT id FROM records")) == {(shared.id,)}
+        assert await _rows(as_role(url, bob), "SELECT DISTINCT owner FROM record_terms") == {("",)}
+        assert await _rows(as_role(url, bob), "SELECT DISTINCT owner FROM vectors") == {("",)}
+        assert await _rows(as_role(url, bob), "UPDATE records SET importance = 1 RETURNING id") == {
+            (shared.id,)
+        }
+        mine = {(shared.id,), (personal.id,), (private.id,)}
+        assert await _rows(as_role(url, alice), "SELECT id FROM records") == mine
+        assert await _rows(url, "SELECT id FROM records") == mine  # the owner: everything
+        async with open_url(as_role(url, bob)) as b:
+            found = await b.search("release notes signing passphrase", cwd=tmp_path)
+            assert {h.record.id for h in found.hits} == {shared.id}
+            with pytest.raises(StorageError):  # a row that is not Bob's cannot be forged
+                async with b.engine.store.write() as tx:
+                    await tx.insert(fact("written as alice", user=alice), None)
+    finally:
+        await drop_roles(url, alice, bob)
+
+
+async def test_a_member_opens_a_prepared_store_without_schema_rights(
+    url: str, tmp_path: Path
+) -> None:
+    """Opening, searching and writing need no DDL once ``team init`` ran; before it, a
+    member is told to ask for it."""
+    role = f"carol_{uuid.uuid4().hex[:8]}"
+    await _rows(url, f'CREATE ROLE "{role}" LOGIN')
+    try:
+        fresh = store_url(tmp_path, url, "fresh")
+        with pytest.raises(StorageError, match="team init"):
+            async with open_url(as_role(fresh, role)):
+                pass
+        async with MemoryService.open(
+            settings_for(url), embedder=FakeEmbedder(), wait_for_embedder=10
+        ) as admin:
+            await admin.prepare_team()
+            assert await admin.add_member(role) == "joined"
+        async with open_url(as_role(url, role)) as carol:
+            stored = await carol.store("Carol's fact about the build cache", cwd=tmp_path)
+            assert stored.action == "inserted"
+    finally:
+        await drop_roles(url, role)
+
+
+async def test_a_push_brings_the_local_global_scope_in_as_the_pushers_personal_scope(
+    url: str, tmp_path: Path
+) -> None:
+    suffix = uuid.uuid4().hex[:8]
+    dana, erin = f"dana_{suffix}", f"erin_{suffix}"
+    async with MemoryService.open(
+        settings_for(url), embedder=FakeEmbedder(), wait_for_embedder=10
+    ) as admin:
+        await admin.prepare_team()
+        for role in (dana, erin):
+            await admin.add_member(role)
+    try:
+        local = Settings(storage=StorageSettings(url=f"sqlite://{tmp_path / 'local.db'}"))
+        async with MemoryService.open(local, embedder=FakeEmbedder(), wait_for_embedder=10) as mine:
+            personal = await mine.store("I review pull requests after lunch", scope="global")
+            shared = await mine.store("The API answers in JSON only", cwd=tmp_path)
+            summary = await mine.push(as_role(url, dana))
+        assert summary.records_added == 2
+        expected = {(personal.id, dana), (shared.id, dana)}
+        assert await _rows(url, "SELECT id, user_name FROM records") == expected
+        assert await _rows(as_role(url, erin), "SELECT id FROM records") == {(shared.id,)}
+    finally:
+        await drop_roles(url, dana, erin)
+
+
+async def _rows(url: str, query: str) -> set[tuple[Any, ...]]:
+    import psycopg
+
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        await conn.execute("SET search_path TO memory_mcp, public")
+        cursor = await conn.execute(query.encode())
+        rows = await cursor.fetchall() if cursor.description else []
+        while cursor.nextset():
+            pass
+        return {tuple(r) for r in rows}

@@ -1,9 +1,13 @@
-"""``team``: a shared server for a team — ``team token NAME`` gives a user a bearer token."""
+"""``team``: a team's store and server — ``team init`` prepares a Postgres database,
+``team add-user NAME`` gives a teammate a role in it, ``team token NAME`` a bearer
+token for a shared HTTP server."""
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import typer
 
@@ -12,14 +16,102 @@ from memory_mcp.cli.base import (
     JsonOption,
     engine_errors,
     err,
+    open_memory,
     out,
     print_json,
+    run_engine,
     settings_for,
 )
+from memory_mcp.config import LoadedSettings, replaced
+from memory_mcp.service import MemoryService
+
+T = TypeVar("T")
 
 team_app = typer.Typer(
-    help="A shared server for a team: users and their tokens.", no_args_is_help=True
+    help="A team's store and server: the database, its users, their tokens.",
+    no_args_is_help=True,
 )
+UrlOption = Annotated[
+    str | None,
+    typer.Option(
+        "--url",
+        help="The team database's storage.url (postgresql://…); default: storage.url of "
+        "the settings.",
+    ),
+]
+
+
+def _with_team_store(
+    url: str | None, cwd: Path | None, use: Callable[[MemoryService], Awaitable[T]]
+) -> T:
+    async def work() -> T:
+        loaded = settings_for(cwd)
+        if url:
+            settings = loaded.settings
+            storage = replaced(settings.storage, url=url)
+            loaded = LoadedSettings(replaced(settings, storage=storage), loaded.sources)
+        async with open_memory(loaded, None, False) as memory:
+            return await use(memory)
+
+    return run_engine(work)
+
+
+@team_app.command("init")
+def init(
+    url: Annotated[
+        str | None,
+        typer.Argument(help="The team database (postgresql://…); default: storage.url."),
+    ] = None,
+    cwd: CwdOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Prepare a Postgres database for a team: schema, row-level security, the group role
+    of its members and their grants, the vector index. Run it as the database's owner
+    (or an administrator); run again, it does what is missing."""
+
+    async def use(memory: MemoryService) -> list[str]:
+        return await memory.prepare_team()
+
+    done = _with_team_store(url, cwd, use)
+    if as_json:
+        print_json({"done": done})
+        return
+    for line in done:
+        out.print(f"- {line}")
+    err.print("ready: give each teammate a role with `memory-mcp team add-user NAME`")
+
+
+@team_app.command("add-user")
+def add_user(
+    name: Annotated[str, typer.Argument(help="The teammate's database role (their user).")],
+    password_stdin: Annotated[
+        bool,
+        typer.Option(
+            "--password-stdin",
+            help="Read the role's password from stdin (first line); default: none, for "
+            "servers that authenticate otherwise (certificates, peer, a password set later).",
+        ),
+    ] = False,
+    url: UrlOption = None,
+    cwd: CwdOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Give NAME a login role in the team's database (or add an existing role to the team).
+    They connect with it: what they store is theirs, their global and private memories
+    stay theirs."""
+    password = sys.stdin.readline().rstrip("\r\n") if password_stdin else None
+    if password_stdin and not password:
+        err.print("error: --password-stdin read no password")
+        raise typer.Exit(2)
+
+    async def use(memory: MemoryService) -> str:
+        return await memory.add_member(name, password)
+
+    what = _with_team_store(url, cwd, use)
+    if as_json:
+        print_json({"user": name, "role": what})
+        return
+    out.print(f"{name}: role {what}" + (" (with the password given)" if password else ""))
 
 
 @team_app.command("token")

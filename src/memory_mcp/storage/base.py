@@ -447,6 +447,20 @@ class Admin(Protocol):
         """A copy of the store of this moment, opened, thrown away on exit (a dry run)."""
         ...
 
+    async def prepare_team(self, embedder: str | None, dim: int | None) -> list[str]:
+        """Make the store ready for members with roles of their own (``add_member``),
+        and ``embedder``'s vector index; what was done. Only a shared database can.
+
+        Raises:
+            InvalidInput: this backend has no users of its own (a SQLite file).
+            StorageError: this role may not (it is not the owner or an administrator).
+        """
+        ...
+
+    async def add_member(self, name: str, password: str | None) -> str:
+        """Give the user ``name`` a role of their own: "created", or "joined" (it existed)."""
+        ...
+
     async def close(self) -> None: ...
 
 

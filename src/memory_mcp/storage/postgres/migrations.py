@@ -231,11 +231,67 @@ FOR EACH ROW WHEN (NEW.doc_len IS NULL) EXECUTE FUNCTION record_terms_doc_len();
 ANALYZE record_terms;
 """
 
+# Row-level security: who may read a row is said in the database, so that a teammate
+# connected with their own role (``team add-user``) reading the tables directly sees
+# what the product would show them (``rows.VISIBLE``, ``Record.visible_to``): the
+# projects' shared records and their own personal ones. The index rows of a record
+# (its stems, its vectors) carry its ``owner`` ('' for a shared record, else its
+# writer), kept by a trigger where a write does not say it, and covered by the
+# postings' key so that BM25 still reads the index alone. A conflict is seen by
+# whoever sees its record. The tables' owner (who ran the migrations, ``team init``)
+# is not subject to the policies; everyone else is.
+M005_ROW_SECURITY = """
+CREATE FUNCTION record_owner(scope_key text, private integer, user_name text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN CASE WHEN scope_key = '' OR private <> 0 THEN user_name ELSE '' END;
+CREATE FUNCTION index_row_owner() RETURNS trigger LANGUAGE plpgsql
+SET search_path FROM CURRENT AS $$
+BEGIN
+    NEW.owner := (SELECT record_owner(r.scope_key, r.private, r.user_name) FROM records r
+                  WHERE r.seq = NEW.seq);
+    RETURN NEW;
+END $$;
+
+ALTER TABLE record_terms ADD COLUMN owner text;
+UPDATE record_terms t SET owner = record_owner(r.scope_key, r.private, r.user_name)
+FROM records r WHERE r.seq = t.seq;
+ALTER TABLE record_terms ALTER COLUMN owner SET NOT NULL;
+ALTER TABLE record_terms DROP CONSTRAINT record_terms_pkey;
+ALTER TABLE record_terms
+    ADD CONSTRAINT record_terms_pkey PRIMARY KEY (term, seq) INCLUDE (tf, doc_len, owner);
+CREATE TRIGGER record_terms_owner BEFORE INSERT ON record_terms
+FOR EACH ROW WHEN (NEW.owner IS NULL) EXECUTE FUNCTION index_row_owner();
+
+ALTER TABLE vectors ADD COLUMN owner text;
+UPDATE vectors v SET owner = record_owner(r.scope_key, r.private, r.user_name)
+FROM records r WHERE r.seq = v.seq;
+ALTER TABLE vectors ALTER COLUMN owner SET NOT NULL;
+CREATE TRIGGER vectors_owner BEFORE INSERT ON vectors
+FOR EACH ROW WHEN (NEW.owner IS NULL) EXECUTE FUNCTION index_row_owner();
+
+ALTER TABLE records ENABLE ROW LEVEL SECURITY;
+CREATE POLICY records_read ON records FOR SELECT
+    USING (user_name IN (current_user, '') OR (scope_key <> '' AND private = 0));
+CREATE POLICY records_insert ON records FOR INSERT WITH CHECK (user_name = current_user);
+CREATE POLICY records_update ON records FOR UPDATE
+    USING (user_name IN (current_user, '') OR (scope_key <> '' AND private = 0));
+CREATE POLICY records_delete ON records FOR DELETE
+    USING (user_name IN (current_user, '') OR (scope_key <> '' AND private = 0));
+ALTER TABLE record_terms ENABLE ROW LEVEL SECURITY;
+CREATE POLICY record_terms_rows ON record_terms USING (owner IN ('', current_user));
+ALTER TABLE vectors ENABLE ROW LEVEL SECURITY;
+CREATE POLICY vectors_rows ON vectors USING (owner IN ('', current_user));
+ALTER TABLE conflicts ENABLE ROW LEVEL SECURITY;
+CREATE POLICY conflicts_rows ON conflicts
+    USING (EXISTS (SELECT 1 FROM records r WHERE r.id = conflicts.record_id));
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration("m001_records", M001_RECORDS),
     Migration("m002_scope_aliases", M002_SCOPE_ALIASES),
     Migration("m003_users", M003_USERS),
     Migration("m004_posting_lengths", M004_POSTING_LENGTHS),
+    Migration("m005_row_security", M005_ROW_SECURITY),
 )
 
 
@@ -261,6 +317,8 @@ async def migrate(
 
     known = [m.name for m in migrations]
     applied_now: list[str] = []
+    if await _up_to_date(conn, known):
+        return applied_now  # nothing to do: a team member's role may not do DDL at all
     try:
         async with conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock(%s)", [MIGRATION_LOCK])
@@ -277,7 +335,8 @@ async def migrate(
     except errors.InsufficientPrivilege as exc:
         raise StorageError(
             f"cannot prepare the database: {exc}. Ask its administrator to run "
-            f"CREATE EXTENSION vector; and to let this role create the schema {schema}"
+            f"`memory-mcp team init` with the database's URL (or CREATE EXTENSION vector; "
+            f"and let this role create the schema {schema})"
         ) from exc
     for migration in migrations:
         try:
@@ -306,8 +365,25 @@ async def migrate(
                 applied_now.append(migration.name)
         except SchemaTooNew:
             raise
+        except errors.InsufficientPrivilege as exc:
+            raise StorageError(
+                f"migration {migration.name} needs the role that owns schema {schema}: ask "
+                "the database's administrator to run `memory-mcp team init` with its URL, "
+                "which migrates it"
+            ) from exc
         except Exception as exc:
             raise StorageError(
                 f"migration {migration.name} failed and was rolled back: {exc}"
             ) from exc
     return applied_now
+
+
+async def _up_to_date(conn: psycopg.AsyncConnection[Any], known: list[str]) -> bool:
+    """Whether the schema on the search path has every migration (and no unknown one)."""
+    cursor = await conn.execute("SELECT to_regclass('schema_migrations') IS NOT NULL")
+    row = await cursor.fetchone()
+    if row is None or not row[0]:
+        return False
+    cursor = await conn.execute("SELECT name FROM schema_migrations")
+    done = {str(r[0]) for r in await cursor.fetchall()}
+    return done == set(known)

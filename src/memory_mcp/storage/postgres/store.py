@@ -264,7 +264,12 @@ class PgStore(UpkeepReads, Queries):
             [embedder, dim, format_time(utcnow())],
         )
         known = (int(rows[0][0]), dim)
-        await reads.execute(index_sql(*known))
+        if not await reads.make_index(index_sql(*known)):
+            log.warning(
+                "no HNSW index for %s's vectors yet (searches scan them): this role may not "
+                "create indexes; `memory-mcp team init` as the database's owner makes it",
+                embedder,
+            )
         self._spaces[embedder] = known
         return known
 
@@ -275,9 +280,11 @@ class PgStore(UpkeepReads, Queries):
             "SELECT v.id, v.dim FROM vector_indexes v WHERE NOT EXISTS (SELECT 1 FROM pg_indexes "
             "i WHERE i.schemaname = current_schema() AND i.indexname = 'vectors_space_' || v.id)"
         )
+        made = []
         for number, dim in rows:
-            await tx.execute(index_sql(int(number), int(dim)))
-        return [f"vectors_space_{n}" for n, _ in rows]
+            if await tx.make_index(index_sql(int(number), int(dim))):
+                made.append(f"vectors_space_{number}")
+        return made
 
     async def load_vectors(self, embedder: str, scope_keys: Collection[str]) -> None:
         """Nothing to warm: the HNSW index lives in the database."""
@@ -393,6 +400,16 @@ class PgStore(UpkeepReads, Queries):
         from memory_mcp.storage.postgres.doctor import diagnose
 
         return await diagnose(self, repair=repair)
+
+    async def prepare_team(self, embedder: str | None, dim: int | None) -> list[str]:
+        from memory_mcp.storage.postgres.team import prepare
+
+        return await prepare(self, embedder, dim)
+
+    async def add_member(self, name: str, password: str | None) -> str:
+        from memory_mcp.storage.postgres.team import add_member
+
+        return await add_member(self, name, password)
 
     async def backup(self, target: Path, *, force: bool = False) -> Path:
         from memory_mcp.storage.postgres.doctor import backup

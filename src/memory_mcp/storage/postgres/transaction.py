@@ -38,6 +38,11 @@ class Transaction(SharedWrites, Queries):
         self._conn = conn
         self._store = store
 
+    @property
+    def connection(self) -> psycopg.AsyncConnection[Any]:
+        """The connection (for statements the store's own helpers do not spell)."""
+        return self._conn
+
     async def fetch(
         self,
         sql: str,
@@ -67,6 +72,21 @@ class Transaction(SharedWrites, Queries):
         except psycopg.Error as exc:
             raise storage_error(exc) from exc
         return cursor.rowcount
+
+    async def make_index(self, sql: str) -> bool:
+        """Run a ``CREATE INDEX``; False (the transaction going on without it) when this
+        role may not: a team member's role is not the tables' owner (``team init``)."""
+        import psycopg
+        from psycopg import errors
+
+        try:
+            async with self._conn.transaction():  # a savepoint
+                await self._conn.execute(sql.encode())
+        except errors.InsufficientPrivilege:
+            return False
+        except psycopg.Error as exc:
+            raise storage_error(exc) from exc
+        return True
 
     async def index_text(self, seq: int, content: str, merged: str, tags: Sequence[str]) -> None:
         """Write a record's stems and length for BM25 (``bm25.document_terms``)."""
@@ -131,25 +151,29 @@ class Transaction(SharedWrites, Queries):
             f"WITH r AS (INSERT INTO records ({INSERT_COLUMNS}, doc_len, vec_rows) "
             f"VALUES ({placeholders}) {'ON CONFLICT (id) DO NOTHING ' if unless_known else ''}"
             "RETURNING seq), "
-            "t AS (INSERT INTO record_terms (term, seq, tf, doc_len) "
-            "SELECT t.term, r.seq, t.tf, %s FROM r, "
+            "t AS (INSERT INTO record_terms (term, seq, tf, doc_len, owner) "
+            "SELECT t.term, r.seq, t.tf, %s, %s FROM r, "
             "unnest(%s::text[], %s::float8[]) AS t(term, tf))"
         )
+        # The index rows say whose they are (m005); the triggers that would read it from
+        # the record cannot see a record inserted by the same statement.
+        owner = record.user if record.personal else ""
         params = [
             *record_params(record),
             length,
             len(vectors),
             length,
+            owner,
             list(terms),
             list(terms.values()),
         ]
         if vectors:
             sql += (
-                ", v AS (INSERT INTO vectors (seq, passage, space, embedding) "
-                "SELECT r.seq, x.n - 1, %s, x.e FROM r, "
+                ", v AS (INSERT INTO vectors (seq, passage, space, embedding, owner) "
+                "SELECT r.seq, x.n - 1, %s, x.e, %s FROM r, "
                 "unnest(%s::vector[]) WITH ORDINALITY AS x(e, n))"
             )
-            params += [space, list(vectors)]
+            params += [space, owner, list(vectors)]
         return bool(await self.fetch(f"{sql} SELECT seq FROM r", params))
 
     async def insert_raw(self, record: Record) -> bool:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import aiosqlite
 import anyio
 
+from memory_mcp.errors import InvalidInput
 from memory_mcp.ranker import RankerConfig
 from memory_mcp.records import Record, utcnow
 from memory_mcp.storage.base import (
@@ -58,6 +59,10 @@ def local_user() -> str:
         return ""
 
 
+_NO_TEAM = (
+    "a SQLite file has no database users of its own: team mode runs on Postgres "
+    '(storage.url = "postgresql://…"; see the README\'s Team mode)'
+)
 _COUNTS_TTL = 600.0  # seconds a word's record count is reused
 _COUNTS_MAX = 100_000  # words remembered at most
 
@@ -326,6 +331,12 @@ class SqliteStore(VectorTables, UpkeepReads):
         from memory_mcp.storage.sqlite.doctor import diagnose
 
         return await diagnose(self, repair=repair)
+
+    async def prepare_team(self, embedder: str | None, dim: int | None) -> list[str]:
+        raise InvalidInput(_NO_TEAM)
+
+    async def add_member(self, name: str, password: str | None) -> str:
+        raise InvalidInput(_NO_TEAM)
 
     async def backup(self, target: Path, *, force: bool = False) -> Path:
         from memory_mcp.storage.sqlite.doctor import backup
