@@ -42,7 +42,11 @@ UrlOption = Annotated[
 
 
 def _with_team_store(
-    url: str | None, cwd: Path | None, use: Callable[[MemoryService], Awaitable[T]]
+    url: str | None,
+    cwd: Path | None,
+    use: Callable[[MemoryService], Awaitable[T]],
+    *,
+    embeds: bool = True,
 ) -> T:
     async def work() -> T:
         loaded = settings_for(cwd)
@@ -50,7 +54,7 @@ def _with_team_store(
             settings = loaded.settings
             storage = replaced(settings.storage, url=url)
             loaded = LoadedSettings(replaced(settings, storage=storage), loaded.sources)
-        async with open_memory(loaded, None, False) as memory:
+        async with open_memory(loaded, None, False, embeds=embeds) as memory:
             return await use(memory)
 
     return run_engine(work)
@@ -107,7 +111,7 @@ def add_user(
     async def use(memory: MemoryService) -> str:
         return await memory.add_member(name, password)
 
-    what = _with_team_store(url, cwd, use)
+    what = _with_team_store(url, cwd, use, embeds=False)
     if as_json:
         print_json({"user": name, "role": what})
         return
