@@ -44,7 +44,11 @@ async def test_a_tiny_perf_run_reports_every_figure() -> None:
     ):
         assert value > 0
     assert point.store_p95_ms >= point.store_p50_ms
-    assert report.to_json()["points"][0]["embedder"] == "fake:hash-256"
+    data = report.to_json()["points"][0]
+    assert data["embedder"] == "fake:hash-256"
+    assert point.embed_one_ms is not None and point.embed_one_ms > 0  # the model alone
+    assert data["store_p50_x"] == round(point.store_p50_ms / point.embed_one_ms, 2)
+    assert data["search_p95_x"] == round(point.search_p95_ms / point.embed_one_ms, 2)
 
 
 @pytest.mark.sqlite_only  # bench perf keeps its SQLite files in the folder

@@ -350,6 +350,9 @@ def bench_perf(
         "brief+inject",
         "bytes/memory",
         "RSS MB",
+        "model, 1 text",
+        "store/model",
+        "search/model",
     )
     rows = [
         [
@@ -364,12 +367,19 @@ def bench_perf(
             f"{point.brief_inject_ms} ms",
             f"{point.bytes_per_memory:,.0f}",
             f"{point.rss_mb:,.0f}",
+            "-" if point.embed_one_ms is None else f"{point.embed_one_ms} ms",
+            _times(point.ratios["store_p50_x"]),
+            _times(point.ratios["search_p50_x"]),
         ]
         for point in result.points
     ]
     out.table(header, rows)
     if result.launch_s is not None:
         out.print(f"spawn to tools/list over stdio: median {result.launch_s:.3f} s of 10")
+
+
+def _times(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio:.1f}x"
 
 
 @bench_app.command("score")

@@ -230,6 +230,19 @@ class PerfPoint:
     rss_mb: float
     embedder: str
     run_on_store: int  # 1: the run that filled the store; more: a --keep store measured again
+    # The model's own time for one text (p50 over the stored texts, in this run): the
+    # floor of a store and of a search, so that the latencies compare across machines.
+    embed_one_ms: float | None = None
+
+    @property
+    def ratios(self) -> dict[str, float | None]:
+        """Store and search p50 / p95 as multiples of ``embed_one_ms``."""
+        names = ("store_p50_ms", "store_p95_ms", "search_p50_ms", "search_p95_ms")
+        unit = self.embed_one_ms
+        return {
+            name.replace("_ms", "_x"): round(getattr(self, name) / unit, 2) if unit else None
+            for name in names
+        }
 
 
 @dataclass
@@ -239,7 +252,7 @@ class PerfReport:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "points": [asdict(p) for p in self.points],
+            "points": [{**asdict(p), **p.ratios} for p in self.points],
             "launch_to_tools_list_s": self.launch_s,
         }
 
@@ -419,6 +432,16 @@ async def measure(
         if n >= 5:
             search_ms.append((time.perf_counter() - started) * 1000)
 
+    embed_ms: list[float] = []
+    if memory.engine.embeddings.identity is not None:
+        say(f"{count:,}: the model alone", 0, 1)
+        for n, (_, text, _) in enumerate(fresh[: samples + 5]):
+            started = time.perf_counter()
+            if await memory.engine.embeddings.embed([text]) is None:
+                break
+            if n >= 5:
+                embed_ms.append((time.perf_counter() - started) * 1000)
+
     say(f"{count:,}: brief", 0, 1)
     brief_ms: list[float] = []
     for _ in range(5):
@@ -444,6 +467,7 @@ async def measure(
         rss_mb=round(resident_mb(), 1),
         embedder=memory.engine.embeddings.identity or "bm25",
         run_on_store=filled.runs,
+        embed_one_ms=round(statistics.median(embed_ms), 2) if embed_ms else None,
     )
 
 
