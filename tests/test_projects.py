@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from helpers.git import bare_with_clones, git, repository
-from helpers.records import fact
+from helpers.records import fact, hit_texts
 from helpers.storage import store_place
 from memory_mcp.config import Settings
 from memory_mcp.embedders.base import FakeEmbedder
@@ -15,10 +15,6 @@ from memory_mcp.errors import InvalidInput, NotFound
 from memory_mcp.service import MemoryService
 
 pytestmark = pytest.mark.anyio
-
-
-def texts(result: object) -> set[str]:
-    return {hit.record.content for hit in result.hits}  # type: ignore[attr-defined]
 
 
 async def test_two_worktrees_of_one_repository_share_memories(
@@ -29,7 +25,7 @@ async def test_two_worktrees_of_one_repository_share_memories(
     git(repo, "worktree", "add", "-q", "-b", "feature", str(feature))
     stored = await memory.store("Releases are cut from the main branch on Fridays", cwd=repo)
     found = await memory.search("when are releases cut", cwd=feature)
-    assert "Releases are cut from the main branch on Fridays" in texts(found)
+    assert "Releases are cut from the main branch on Fridays" in hit_texts(found)
     again = await memory.store("Releases are cut from the main branch on Fridays", cwd=feature)
     assert (again.action, again.related_id) == ("folded", stored.id)
 
@@ -39,7 +35,7 @@ async def test_two_clones_of_one_remote_share_memories(
 ) -> None:
     _, (alice, bob) = bare_with_clones(tmp_path, "alice", "bob")
     await memory.store("The staging database is rebuilt every night", cwd=alice)
-    assert "The staging database is rebuilt every night" in texts(
+    assert "The staging database is rebuilt every night" in hit_texts(
         await memory.search("staging database", cwd=bob)
     )
     brief = await memory.brief(bob)
@@ -74,7 +70,7 @@ async def test_a_path_keyed_store_migrates_with_every_record_findable(
         project = await new.project(repo / ".")
         assert (project.key, project.identity.how) == ("github.com/org/app", "remote")
         assert set(project.scope.aliases) == {str(repo.resolve()), str(feature.resolve())}
-        found = texts(await new.search("API gateway and feature flags", cwd=feature, limit=10))
+        found = hit_texts(await new.search("API gateway and feature flags", cwd=feature, limit=10))
         assert found == {
             "The API gateway times out after 30 seconds",
             "Feature flags live in flags.yaml",
@@ -100,7 +96,7 @@ async def test_a_detached_alias_stays_detached_until_attached_again(
         detached = await first.detach_alias(old_key, repo)
         assert detached.scope.aliases == ()
         assert [a.detached_at is not None for a in detached.aliases] == [True]
-        assert not texts(await first.search("deploys approvals", cwd=repo))
+        assert not hit_texts(await first.search("deploys approvals", cwd=repo))
         with pytest.raises(NotFound):
             await first.detach_alias(old_key, repo)
     # A later process does not attach it again by itself...
@@ -111,7 +107,7 @@ async def test_a_detached_alias_stays_detached_until_attached_again(
         # ...but the operator can; the record was never touched.
         attached = await later.attach_alias(f"{repo}/", repo)
         assert attached.scope.aliases == (old_key,)
-        assert texts(await later.search("deploys approvals", cwd=repo)) == {
+        assert hit_texts(await later.search("deploys approvals", cwd=repo)) == {
             "Deploys need two approvals"
         }
         with pytest.raises(InvalidInput):
@@ -131,7 +127,7 @@ async def test_a_new_project_id_adopts_the_remote_key_and_its_aliases(
     project = await memory.project(repo)
     assert project.key == "acme/app"
     assert set(project.scope.aliases) == {"github.com/org/app", str(repo.resolve())}
-    assert texts(await memory.search("fact about queues caches", cwd=repo)) == {
+    assert hit_texts(await memory.search("fact about queues caches", cwd=repo)) == {
         "Old path-keyed fact about queues",
         "Remote-keyed fact about caches",
     }
@@ -146,4 +142,4 @@ async def test_project_done_and_maintenance_see_records_under_aliases(
     await memory.store("The cache is warmed at boot", cwd=repo)
     assert await memory.archive_project(repo, dry_run=True) == 2
     assert await memory.archive_project(repo) == 2
-    assert not texts(await memory.search("logs cache", cwd=repo))
+    assert not hit_texts(await memory.search("logs cache", cwd=repo))

@@ -7,15 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from helpers.records import fact
+from helpers.records import fact, hit_texts
 from memory_mcp.errors import NotFound
 from memory_mcp.service import MemoryService
 
 pytestmark = pytest.mark.anyio
-
-
-def contents(result: object) -> set[str]:
-    return {hit.record.content for hit in result.hits}  # type: ignore[attr-defined]
 
 
 async def test_global_memories_are_personal_and_private_ones_stay_with_their_writer(
@@ -37,8 +33,8 @@ async def test_global_memories_are_personal_and_private_ones_stay_with_their_wri
         brief = await memory.brief(tmp_path)
         with pytest.raises(NotFound):
             await memory.forget(secret.id, cwd=tmp_path, anywhere=False)
-    assert contents(everywhere) == {"The staging box answers on port 8080"}
-    assert contents(project) == {"The staging box answers on port 8080"}
+    assert hit_texts(everywhere) == {"The staging box answers on port 8080"}
+    assert hit_texts(project) == {"The staging box answers on port 8080"}
     assert {i.content for i in unified.results} == {"The staging box answers on port 8080"}
     assert "8080" in brief.text
     assert "8443" not in brief.text and "tabs" not in brief.text

@@ -227,11 +227,12 @@ async def push(
             yield await moved(batch)
 
     # What this machine's user wrote becomes the pusher's in the target (their role in a
-    # team's database): their global memories land in their personal scope there.
+    # team's database): their global memories land in their personal scope there. (A
+    # record of unknown writer becomes theirs in ``_add``, as on import.)
     local = source.store.user
 
     def writer(record: Record) -> str:
-        return target.user if record.user in ("", local) else record.user
+        return target.user if record.user == local else record.user
 
     async def moved(batch: list[Record]) -> list[Record]:
         await known({r.scope_key for r in batch})

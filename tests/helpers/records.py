@@ -41,3 +41,8 @@ def unit(*values: float) -> np.ndarray:
     """``values`` as a float32 vector of length one."""
     v = np.asarray(values, dtype=np.float32)
     return v / np.linalg.norm(v)
+
+
+def hit_texts(result: object) -> set[str]:
+    """The contents of a search result's hits."""
+    return {hit.record.content for hit in result.hits}  # type: ignore[attr-defined]

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 import anyio
 import typer
 
-from memory_mcp.config import LoadedSettings, load_settings
+from memory_mcp.config import LoadedSettings, load_settings, replaced
 from memory_mcp.errors import MemoryMcpError
 from memory_mcp.records import age
 from memory_mcp.scope import project_root
@@ -79,10 +79,13 @@ def with_memory(
     needs_vectors: bool = False,
     embeds: bool = True,
     probe: bool = False,
+    storage_url: str | None = None,
 ) -> T:
     """Run ``use`` with the service open.
 
     Args:
+        storage_url: open the store this ``storage.url`` names instead of the
+            settings' one (the team commands' URL).
         needs_vectors: work that is pointless without vectors (re-embedding) waits
             for a model download too.
         embeds: False for work that embeds nothing (the brief, status): the model
@@ -91,6 +94,10 @@ def with_memory(
 
     async def work() -> T:
         loaded = settings_for(cwd)
+        if storage_url:
+            settings = loaded.settings
+            storage = replaced(settings.storage, url=storage_url)
+            loaded = LoadedSettings(replaced(settings, storage=storage), loaded.sources)
         async with open_memory(
             loaded, database, needs_vectors, embeds=embeds, probe=probe
         ) as memory:

@@ -5,9 +5,8 @@ token for a shared HTTP server."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import Annotated
 
 import typer
 
@@ -16,16 +15,12 @@ from memory_mcp.cli.base import (
     JsonOption,
     engine_errors,
     err,
-    open_memory,
     out,
     print_json,
-    run_engine,
     settings_for,
+    with_memory,
 )
-from memory_mcp.config import LoadedSettings, replaced
 from memory_mcp.service import MemoryService
-
-T = TypeVar("T")
 
 team_app = typer.Typer(
     help="A team's store and server: the database, its users, their tokens.",
@@ -39,25 +34,6 @@ UrlOption = Annotated[
         "the settings.",
     ),
 ]
-
-
-def _with_team_store(
-    url: str | None,
-    cwd: Path | None,
-    use: Callable[[MemoryService], Awaitable[T]],
-    *,
-    embeds: bool = True,
-) -> T:
-    async def work() -> T:
-        loaded = settings_for(cwd)
-        if url:
-            settings = loaded.settings
-            storage = replaced(settings.storage, url=url)
-            loaded = LoadedSettings(replaced(settings, storage=storage), loaded.sources)
-        async with open_memory(loaded, None, False, embeds=embeds) as memory:
-            return await use(memory)
-
-    return run_engine(work)
 
 
 @team_app.command("init")
@@ -76,7 +52,7 @@ def init(
     async def use(memory: MemoryService) -> list[str]:
         return await memory.prepare_team()
 
-    done = _with_team_store(url, cwd, use)
+    done = with_memory(cwd, use, storage_url=url)
     if as_json:
         print_json({"done": done})
         return
@@ -111,7 +87,7 @@ def add_user(
     async def use(memory: MemoryService) -> str:
         return await memory.add_member(name, password)
 
-    what = _with_team_store(url, cwd, use, embeds=False)
+    what = with_memory(cwd, use, embeds=False, storage_url=url)
     if as_json:
         print_json({"user": name, "role": what})
         return

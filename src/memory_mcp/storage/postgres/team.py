@@ -36,8 +36,7 @@ async def prepare(store: PgStore, embedder: str | None, dim: int | None) -> list
     group = sql.Identifier(GROUP)
     done: list[str] = []
     async with store.write() as tx:
-        rows = await tx.fetch("SELECT 1 FROM pg_roles WHERE rolname = %s", [GROUP])
-        if not rows:
+        if not await _role_exists(tx, GROUP):
             await _as_admin(tx, sql.SQL("CREATE ROLE {} NOLOGIN").format(group), "create roles")
             done.append(f"made the group role {GROUP}")
         for statement in (
@@ -72,11 +71,11 @@ async def add_member(store: PgStore, name: str, password: str | None) -> str:
         )
     role = sql.Identifier(name)
     async with store.write() as tx:
-        if not await tx.fetch("SELECT 1 FROM pg_roles WHERE rolname = %s", [GROUP]):
+        if not await _role_exists(tx, GROUP):
             raise InvalidInput(
                 f"{store.location} is not prepared for a team: run `memory-mcp team init` first"
             )
-        exists = bool(await tx.fetch("SELECT 1 FROM pg_roles WHERE rolname = %s", [name]))
+        exists = await _role_exists(tx, name)
         if not exists:
             made = sql.SQL("CREATE ROLE {} LOGIN").format(role)
             if password:
@@ -85,6 +84,10 @@ async def add_member(store: PgStore, name: str, password: str | None) -> str:
         join = sql.SQL("GRANT {} TO {}").format(sql.Identifier(GROUP), role)
         await _as_admin(tx, join, f"add members to {GROUP}")
     return "joined" if exists else "created"
+
+
+async def _role_exists(tx: Transaction, name: str) -> bool:
+    return bool(await tx.fetch("SELECT 1 FROM pg_roles WHERE rolname = %s", [name]))
 
 
 async def _as_admin(tx: Transaction, query: Composed, what: str) -> None:
