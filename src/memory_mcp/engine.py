@@ -14,9 +14,11 @@ that the CLI and the MCP server call.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -45,6 +47,13 @@ SearchScope = Literal["project", "global", "all"]
 # waiting for the model (one call at a time) waits ~0.1 s, not the 0.8 s of 64 passages.
 EMBED_BATCH = 8
 _AWAITING_TTL_S = 30.0
+# The passages a store defers (``complete_later``) are embedded once the engine has had
+# no store or search for this long, so that they do not hold up the next one; sooner
+# when this many wait, or when the oldest has waited this long.
+_QUIET_S = 0.25
+_DUE_MOST = 64
+_DUE_WAIT_S = 5.0
+_CLOSE_WAIT_S = 30.0  # a closing engine finishes its deferred embedding for this long
 # Who the work of this task is for, when a request says (a shared server's caller).
 _acting: ContextVar[str | None] = ContextVar("memory_mcp_acting_user", default=None)
 
@@ -75,6 +84,9 @@ class Engine:
         self.sources = list(sources)  # where the settings came from (``status``)
         self._awaiting: tuple[float, int] = (-_AWAITING_TTL_S * 2, 0)
         self._adopted: set[str] = set()  # project keys whose earlier keys were looked at
+        self._due: dict[str, float] = {}  # records whose other passages await, since when
+        self._completing: asyncio.Task[None] | None = None
+        self._active_at = 0.0  # when a store or search last asked for the model
         self.plan = SearchPlan(
             candidates=settings.search.candidates,
             lexical_weight=settings.search.lexical_weight,
@@ -135,7 +147,11 @@ class Engine:
                     log.warning("vectors are off: %s", store.details)
             if wait_for_embedder > 0:
                 await embeddings.wait_settled(wait_for_embedder)
-            yield cls(settings, store, embeddings, clock=clock, sources=sources)
+            engine = cls(settings, store, embeddings, clock=clock, sources=sources)
+            try:
+                yield engine
+            finally:
+                await engine.finish_deferred(_CLOSE_WAIT_S)
         finally:
             await store.close()
 
@@ -258,13 +274,19 @@ class Engine:
     # Embedding -----------------------------------------------------------------------
 
     async def embed_records(
-        self, texts: Sequence[str], *, merged: Sequence[Sequence[str]] = ()
+        self,
+        texts: Sequence[str],
+        *,
+        merged: Sequence[Sequence[str]] = (),
+        whole_only: bool = False,
     ) -> list[Vector] | None:
         """Passage vectors per record (its whole text first), or None on the lexical floor.
 
         Args:
             texts: each record's content.
             merged: each record's folded texts (their passages follow its own).
+            whole_only: each record's whole text only, one vector each (a store's
+                hot path; ``complete_later`` embeds the rest).
         """
         if not texts:
             return None
@@ -273,7 +295,8 @@ class Engine:
             return None
         folded = list(merged) or [[] for _ in texts]
         passages = [
-            record_passages(text, list(extra)) for text, extra in zip(texts, folded, strict=True)
+            [text] if whole_only else record_passages(text, list(extra))
+            for text, extra in zip(texts, folded, strict=True)
         ]
         flat = [p for group in passages for p in group]
         matrix = await self.embeddings.embed(flat)
@@ -311,6 +334,61 @@ class Engine:
             async with self.store.write() as tx:
                 done += await tx.set_vectors(list(zip(batch, vectors, strict=True)), identity)
         return done
+
+    # Deferred passages ---------------------------------------------------------------
+
+    def note_activity(self) -> None:
+        """A store or a search is using the model: deferred embedding waits for quiet."""
+        self._active_at = time.monotonic()
+
+    def complete_later(self, record_ids: Collection[str]) -> None:
+        """Embed the rest of these records' passages after the caller has its answer.
+
+        In this process, in the background, once stores and searches pause
+        (``_QUIET_S``). The records are marked in the store
+        (``mark_vectors_due``), so that what a crash or a closed process leaves
+        undone, maintenance's re-embedding does.
+        """
+        now = time.monotonic()
+        for record_id in record_ids:
+            self._due.setdefault(record_id, now)
+        if self._due and (self._completing is None or self._completing.done()):
+            self._completing = asyncio.get_running_loop().create_task(self._complete_due())
+
+    async def _complete_due(self) -> None:
+        while self._due:
+            now = time.monotonic()
+            quiet = now - self._active_at
+            oldest = min(self._due.values())
+            if quiet < _QUIET_S and len(self._due) < _DUE_MOST and now - oldest < _DUE_WAIT_S:
+                await asyncio.sleep(_QUIET_S - quiet)
+                continue
+            await self._embed_due()
+
+    async def _embed_due(self) -> None:
+        """One record's passages: one short model call, so that a store or search that
+        arrives meanwhile waits for little (the model runs one call at a time)."""
+        record_id = next(iter(self._due))
+        del self._due[record_id]
+        try:
+            await self.embed_stored([record_id])
+        except Exception:  # maintenance's re-embedding finishes it
+            log.warning("could not embed the passages of %s now", record_id, exc_info=True)
+
+    async def finish_deferred(self, seconds: float) -> None:
+        """Embed the deferred passages now, for at most ``seconds`` (a closing process);
+        what is left, maintenance does."""
+        task = self._completing
+        if task is None:
+            return
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        deadline = time.monotonic() + seconds
+        while self._due and time.monotonic() < deadline:
+            await self._embed_due()
+        self._due.clear()
 
     async def reembed(
         self,
@@ -361,14 +439,15 @@ class Engine:
             if progress is not None:
                 progress(done, total)
         remaining = await self.store.count_needing_embedding(identity)
-        self._awaiting = (time.monotonic(), remaining)
+        missing = await self.store.count_needing_embedding(identity, incomplete=False)
+        self._awaiting = (time.monotonic(), missing)
         return ReembedSummary(embedder=identity, embedded=done, remaining=remaining)
 
     async def awaiting_vectors(self, identity: str) -> int:
         """How many current records lack vectors from ``identity`` (counted every 30 s)."""
         at, count = self._awaiting
         if time.monotonic() - at > _AWAITING_TTL_S:
-            count = await self.store.count_needing_embedding(identity)
+            count = await self.store.count_needing_embedding(identity, incomplete=False)
             self._awaiting = (time.monotonic(), count)
         return count
 

@@ -20,7 +20,7 @@ import os
 import re
 import time
 import unicodedata
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Literal
 from memory_mcp.config import FoldSettings, WriteSettings
 from memory_mcp.errors import InvalidInput, SecretRejected
 from memory_mcp.fold import compare, decide
+from memory_mcp.passages import split_passages
 from memory_mcp.records import (
     CORPUS_OF_KIND,
     STORABLE_KINDS,
@@ -40,11 +41,18 @@ from memory_mcp.records import (
     StoreResult,
     content_hash,
     format_time,
+    normalized_text,
     without_surrogates,
 )
 from memory_mcp.scope import Scope
 from memory_mcp.secret_scan import redact, redact_text
-from memory_mcp.storage.base import Filters, Neighbours, Vector, WriteTransaction
+from memory_mcp.storage.base import (
+    Filters,
+    Neighbours,
+    RecordReads,
+    Vector,
+    WriteTransaction,
+)
 
 if TYPE_CHECKING:
     from memory_mcp.engine import Engine
@@ -90,10 +98,33 @@ class Draft:
     redactions: list[Redaction] = field(default_factory=list)
     scanned: bool = True  # write.secrets is not "off": what the result shows is redacted too
     scope_keys: tuple[str, ...] = ()  # the keys of its scope: its own, then its aliases
+    # Written with its whole text's vector only: the rest of its passages are due.
+    vectors_due: bool = False
 
     @property
     def corpus(self) -> Corpus:
         return self.record.corpus
+
+    @property
+    def same_corpus(self) -> Filters:
+        """The records it may fold into: its scope (aliases included) and corpus, read by
+        the same people - a shared fact never folds into a private one (it would vanish
+        for the team), a personal one never into another's."""
+        record = self.record
+        return Filters(
+            scope_keys=self.scope_keys or (record.scope_key,),
+            corpora=(record.corpus,),
+            viewer=record.user,
+            private=record.private,
+        )
+
+
+async def exact_repeat(reads: RecordReads | WriteTransaction, draft: Draft) -> Record | None:
+    """The current record whose text the draft repeats exactly (normalized), if any."""
+    found = await reads.find_by_hash(content_hash(draft.record.content), draft.same_corpus)
+    if found and (draft.corpus != "docs" or found[0].kind == draft.record.kind):
+        return found[0]
+    return None
 
 
 def prepare(
@@ -200,20 +231,17 @@ async def apply(
     embedder: str | None,
     fold_settings: FoldSettings,
     now: str,
+    embed_late: Callable[[str], Awaitable[list[Vector] | None]] | None = None,
 ) -> StoreResult:
-    """Decide what the draft is to the records already there, and write it."""
+    """Decide what the draft is to the records already there, and write it.
+
+    ``embed_late`` embeds a draft that was not embedded because it repeated a stored
+    text exactly, when under the lock it no longer does (another process changed
+    that record meanwhile): rare, and the one embedding done inside the lock.
+    """
     record = draft.record
-    if vectors is not None and embedder is not None:
-        record.embedder = embedder
     # A duplicate stored under one of the project's aliases folds like any other.
-    # It folds only into records read by the same people: a shared fact never into a
-    # private one (it would vanish for the team), a personal one never into another's.
-    same_corpus = Filters(
-        scope_keys=draft.scope_keys or (record.scope_key,),
-        corpora=(record.corpus,),
-        viewer=record.user,
-        private=record.private,
-    )
+    same_corpus = draft.same_corpus
     result = StoreResult(
         id=record.id,
         action="inserted",
@@ -221,15 +249,23 @@ async def apply(
         scope=record.scope,
         scope_key=record.scope_key,
         redactions=draft.redactions,
-        embedded=record.embedder is not None,
+        embedded=vectors is not None and embedder is not None,
     )
 
-    exact = await tx.find_by_hash(content_hash(record.content), same_corpus)
-    if exact and (record.corpus != "docs" or exact[0].kind == record.kind):
-        return await _fold(tx, draft, exact[0], vectors, result, now, "exact repeat")
+    exact = await exact_repeat(tx, draft)
+    if exact is not None:
+        if vectors is not None and embedder is not None:
+            record.embedder = embedder
+        return await _fold(tx, draft, exact, vectors, result, now, "exact repeat")
+    if vectors is None and embed_late is not None:
+        late = await embed_late(record.content)
+        vectors = late[0] if late else None
+        result = replace(result, embedded=vectors is not None and embedder is not None)
+    if vectors is not None and embedder is not None:
+        record.embedder = embedder
 
     if record.corpus == "journal":
-        await tx.insert(record, vectors)
+        await _insert(tx, draft, vectors)
         return replace(result, action="appended")
 
     if record.corpus == "docs":
@@ -237,7 +273,7 @@ async def apply(
         previous = await tx.current(kind_only, limit=10)
         if previous:
             record.supersedes = _history(previous[0], previous[1:])
-        await tx.insert(record, vectors)
+        await _insert(tx, draft, vectors)
         for old in previous:
             await tx.replace(old, record.id)
         if not previous:
@@ -254,17 +290,31 @@ async def apply(
             return await _fold(tx, draft, old, vectors, result, now, decision.reason)
         if decision.action == "supersede":
             record.supersedes = _history(old)
-            await tx.insert(record, vectors)
+            await _insert(tx, draft, vectors)
             await tx.replace(old, record.id)
             return _related(draft, result, "superseded", old, decision.reason)
         if decision.action == "conflict":
-            await tx.insert(record, vectors)
+            await _insert(tx, draft, vectors)
             conflict = await tx.add_conflict(
                 record.scope_key, record.id, old.id, decision.reason, now
             )
             return _related(draft, result, "conflict", old, decision.reason, conflict_id=conflict)
-    await tx.insert(record, vectors)
+    await _insert(tx, draft, vectors)
     return result
+
+
+async def _insert(tx: WriteTransaction, draft: Draft, vectors: Vector | None) -> None:
+    """Insert the draft's record; with its whole text's vector only, its other passages
+    are due (``Engine.complete_later``)."""
+    record = draft.record
+    await tx.insert(record, vectors)
+    if (
+        vectors is not None
+        and record.embedder
+        and len(vectors) < len(split_passages(record.content))
+    ):
+        await tx.mark_vectors_due(record.id)
+        draft.vectors_due = True
 
 
 def _history(old: Record, more: Sequence[Record] = ()) -> list[str]:
@@ -318,13 +368,24 @@ async def _fold(
     now: str,
     reason: str,
 ) -> StoreResult:
-    """The new text becomes canonical; the old record's id and text go to ``merged_from``."""
+    """The new text becomes canonical; the old record's id and text go to ``merged_from``.
+
+    The folded texts stay findable: their vectors move to the canonical record. An
+    exact repeat is not embedded at all: the old record's vectors are its own.
+    """
     record = draft.record
     entry = absorb(record, old, now)
-    await tx.insert(record, vectors)
-    if vectors is not None and record.embedder is not None and old.embedder == record.embedder:
-        # The folded texts stay findable: their vectors move to the canonical record.
-        await tx.carry_vectors(old.id, record.id, record.embedder)
+    await _insert(tx, draft, vectors)
+    if old.embedder is not None and record.embedder in (None, old.embedder):
+        own = record.embedder is not None or normalized_text(old.content) == normalized_text(
+            record.content
+        )
+        if await tx.carry_vectors(old.id, record.id, old.embedder):
+            record.embedder = old.embedder
+            result = replace(result, embedded=True)
+            if not own:
+                await tx.mark_vectors_due(record.id)  # its own text awaits its vectors
+                draft.vectors_due = True
     await tx.fold_into(old, record.id, entry, now)
     return _related(draft, result, "folded", old, reason)
 
@@ -438,12 +499,26 @@ async def _store_drafts(
     progress: Callable[[int], None] | None,
 ) -> list[StoreResult | InvalidInput]:
     drafts = [d for d in items if isinstance(d, Draft)]
-    vectors = await engine.embed_records([d.record.content for d in drafts])
-    vector_of = dict(zip((id(d) for d in drafts), vectors or [], strict=False))
-    identity = engine.embeddings.identity if vectors is not None else None
+    engine.note_activity()
+    # What repeats a stored text exactly is not embedded: it folds into that record and
+    # takes its vectors (the decision is made again under the write lock).
+    repeats = {id(d) for d in drafts if await exact_repeat(engine.store, d) is not None}
+    fresh = [d for d in drafts if id(d) not in repeats]
+    # One write (an agent's store) embeds its whole text only and defers its other
+    # passages; a batch embeds them all at once, in the same batched calls.
+    defer = len(fresh) == 1
+    vectors = await engine.embed_records([d.record.content for d in fresh], whole_only=defer)
+    vector_of = dict(zip((id(d) for d in fresh), vectors or [], strict=False))
+    identity = engine.embeddings.identity
+    if vectors is None and fresh:
+        identity = None
     if identity is not None:  # load the scopes' vectors before taking the write lock
         await engine.store.load_vectors(identity, {k for d in drafts for k in d.scope_keys})
     stamp = format_time(engine.clock())
+
+    async def late(text: str) -> list[Vector] | None:
+        return await engine.embed_records([text], whole_only=True)
+
     results: list[StoreResult | InvalidInput] = []
     for start in range(0, len(items), _COMMIT_BATCH):
         batch = items[start : start + _COMMIT_BATCH]
@@ -460,10 +535,12 @@ async def _store_drafts(
                         embedder=identity,
                         fold_settings=engine.settings.fold,
                         now=stamp,
+                        embed_late=late if id(item) in repeats else None,
                     )
                 )
         if progress is not None:
             progress(len(batch))
+    engine.complete_later([d.record.id for d in drafts if d.vectors_due])
     return results
 
 

@@ -5,6 +5,9 @@ on stdin (the go signal), then (STORE is a storage URL, for ``migrate`` a SQLite
 
 - ``crash``: stores numbered facts forever, printing each acknowledged id at once
   (the parent kills it with SIGKILL at some point);
+- ``deferred``: the same with facts of several sentences, whose other passages are
+  embedded after the acknowledgement - here never, so that the kill lands between
+  the two;
 - ``soak SECONDS NAME [USER]``: stores shared facts (in several wordings) and facts of
   its own, and searches, for SECONDS; prints a JSON summary (acknowledged ids,
   errors, latencies); as USER, some of its own facts are personal, and a search
@@ -27,6 +30,7 @@ import anyio
 
 from helpers.processes import wait_for_go
 from helpers.storage import open_url
+from memory_mcp import engine as engine_module
 from memory_mcp.service import MemoryService
 from memory_mcp.storage.sqlite.driver import choose_driver
 from memory_mcp.storage.sqlite.migrations import MIGRATIONS, Migration, migrate
@@ -56,6 +60,23 @@ async def crash(url: str, cwd: str) -> None:
                 f"Crash fact {n}: module m{n} belongs to team t{n % 7}", cwd=cwd
             )
             print(result.id, flush=True)
+
+
+DEFERRED_FACT = (
+    "Deferred fact {n}: module m{n} belongs to team t{n}. Its owners review every change "
+    "to the billing rules before a release. The nightly job for m{n} runs at two in the "
+    "morning and pages the on-call engineer when it fails."
+)
+
+
+async def deferred(url: str, cwd: str) -> None:
+    engine_module._QUIET_S = engine_module._DUE_WAIT_S = 3600.0  # never quiet enough
+    async with open_url(url) as memory:
+        wait_for_go()
+        n = int(time.time() * 1000) % 1_000_000
+        while True:
+            n += 1
+            print((await memory.store(DEFERRED_FACT.format(n=n), cwd=cwd)).id, flush=True)
 
 
 async def soak(url: str, cwd: str, seconds: str, name: str, user: str = "") -> None:
@@ -142,6 +163,8 @@ if __name__ == "__main__":
     mode, store, *rest = sys.argv[1:]
     if mode == "crash":
         anyio.run(crash, store, rest[0])
+    elif mode == "deferred":
+        anyio.run(deferred, store, rest[0])
     elif mode == "soak":
         anyio.run(soak, store, *rest[:4])
     elif mode == "migrate":

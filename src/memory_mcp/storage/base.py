@@ -212,6 +212,11 @@ class RecordReads(Protocol):
         """Current records matching ``filters``, newest first."""
         ...
 
+    async def find_by_hash(self, content_hash: str, filters: Filters) -> list[Record]:
+        """Current records matching ``filters`` whose text has this ``content_hash``, newest
+        first."""
+        ...
+
     async def top_by_prior(
         self, filters: Filters, ranking: RankerConfig, now: datetime, limit: int
     ) -> list[tuple[Record, float]]:
@@ -292,10 +297,16 @@ class EmbeddingQueue(Protocol):
     """Records awaiting vectors from the current embedder."""
 
     async def needing_embedding(self, embedder: str, limit: int) -> list[Record]:
-        """Current records whose vectors are missing or from another embedder, oldest first."""
+        """Current records whose vectors are missing, from another embedder, or due (only
+        the whole text's so far: ``WriteTransaction.mark_vectors_due``), oldest first."""
         ...
 
-    async def count_needing_embedding(self, embedder: str | None) -> int: ...
+    async def count_needing_embedding(
+        self, embedder: str | None, *, incomplete: bool = True
+    ) -> int:
+        """How many ``needing_embedding`` holds; ``incomplete`` False leaves out the records
+        whose whole text has its vector (a search finds them densely already)."""
+        ...
 
     async def dense_embedders(self) -> dict[str, int]:
         """Embedders that have vectors in this store, with their record counts."""
@@ -364,6 +375,11 @@ class WriteTransaction(Neighbours, Protocol):
     async def rewrite_texts(self, record: Record) -> bool: ...
 
     async def set_vectors(self, items: Sequence[tuple[Record, Vector]], embedder: str) -> int: ...
+
+    async def mark_vectors_due(self, record_id: str) -> None:
+        """The record holds its whole text's vector only: the rest of its passages are due
+        (``needing_embedding`` lists it until ``set_vectors`` gives it all of them)."""
+        ...
 
     async def restore(self, record_id: str, at: str) -> Record | None: ...
 

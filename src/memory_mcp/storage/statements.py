@@ -55,9 +55,21 @@ class SharedWrites:
                 "SELECT 1 FROM records WHERE id = ? AND content = ? AND merged_text = ?",
                 [record.id, record.content, merged_text(record)],
             )
-            if unchanged:
-                done += await self._put_vectors(record.id, vectors, embedder)
+            if unchanged and await self._put_vectors(record.id, vectors, embedder):
+                await self._execute("UPDATE records SET vectors_due = 0 WHERE id = ?", [record.id])
+                done += 1
         return done
+
+    async def mark_vectors_due(self, record_id: str) -> None:
+        await self._execute("UPDATE records SET vectors_due = 1 WHERE id = ?", [record_id])
+
+    async def _inherit_due(self, from_id: str, to_id: str) -> None:
+        """``to_id`` took ``from_id``'s vectors: what ``from_id`` still awaited, it awaits."""
+        await self._execute(
+            "UPDATE records SET vectors_due = 1 WHERE id = ? AND EXISTS "
+            "(SELECT 1 FROM records o WHERE o.id = ? AND o.vectors_due = 1)",
+            [to_id, from_id],
+        )
 
     async def fold_into(self, old: Record, new_id: str, entry: MergedEntry, at: str) -> None:
         """Retire ``old`` after its text moved into record ``new_id``'s ``merged_from``."""

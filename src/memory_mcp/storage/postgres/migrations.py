@@ -285,6 +285,11 @@ ALTER TABLE conflicts ENABLE ROW LEVEL SECURITY;
 CREATE POLICY conflicts_rows ON conflicts
     USING (EXISTS (SELECT 1 FROM records r WHERE r.id = conflicts.record_id));
 """
+# A record stored with its whole text's vector only; the rest follow (SQLite's m007).
+M006_VECTORS_DUE = """
+ALTER TABLE records ADD COLUMN vectors_due smallint NOT NULL DEFAULT 0;
+CREATE INDEX records_vectors_due ON records (seq) WHERE vectors_due = 1;
+"""
 
 MIGRATIONS: tuple[Migration, ...] = (
     Migration("m001_records", M001_RECORDS),
@@ -292,6 +297,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration("m003_users", M003_USERS),
     Migration("m004_posting_lengths", M004_POSTING_LENGTHS),
     Migration("m005_row_security", M005_ROW_SECURITY),
+    Migration("m006_vectors_due", M006_VECTORS_DUE),
 )
 
 

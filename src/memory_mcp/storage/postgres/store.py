@@ -335,16 +335,21 @@ class PgStore(UpkeepReads, Queries):
     async def needing_embedding(self, embedder: str, limit: int) -> list[Record]:
         rows = await self.fetch(
             f"SELECT {SELECT} FROM records r WHERE r.live "
-            "AND (r.embedder IS NULL OR r.embedder <> %s) ORDER BY r.seq LIMIT %s",
+            "AND (r.embedder IS NULL OR r.embedder <> %s OR r.vectors_due = 1) "
+            "ORDER BY r.seq LIMIT %s",
             [embedder, limit],
         )
         return [record_of(row) for row in rows]
 
-    async def count_needing_embedding(self, embedder: str | None) -> int:
+    async def count_needing_embedding(
+        self, embedder: str | None, *, incomplete: bool = True
+    ) -> int:
         if embedder is None:
             return 0
+        due = " OR vectors_due = 1" if incomplete else ""
         rows = await self.fetch(
-            "SELECT count(*) FROM records WHERE live AND (embedder IS NULL OR embedder <> %s)",
+            "SELECT count(*) FROM records "
+            f"WHERE live AND (embedder IS NULL OR embedder <> %s{due})",
             [embedder],
         )
         return int(rows[0][0])

@@ -214,13 +214,15 @@ class Transaction(SharedWrites, Queries):
         )
 
     async def carry_vectors(self, from_id: str, to_id: str, embedder: str) -> int:
-        """Append ``from_id``'s passage vectors to ``to_id``'s (a fold keeps both findable)."""
+        """Append ``from_id``'s passage vectors to ``to_id``'s (a fold keeps both findable);
+        a record without vectors takes them (an exact repeat, which is not embedded)."""
         space = await self._store.space(self, embedder)
         source, target = await self._seq(from_id), await self._seq(to_id)
         if space is None or source is None or target is None or not target[1]:
             return 0
-        if source[2] != embedder or target[2] != embedder:
+        if source[2] != embedder or target[2] not in (None, embedder):
             return 0
+        await self._inherit_due(from_id, to_id)
         free = MAX_PASSAGES - target[3]
         rows = await self.fetch(
             "SELECT embedding FROM vectors WHERE seq = %s ORDER BY passage LIMIT %s",

@@ -245,6 +245,15 @@ ALTER TABLE records ADD COLUMN private INTEGER NOT NULL DEFAULT 0;
 """
 
 
+# A record stored with its whole text's vector only (``write``: one embedding on the
+# hot path); its sentence windows follow after the acknowledgement, or from
+# maintenance's re-embedding after a crash. The index finds them without a scan.
+M007_VECTORS_DUE = """
+ALTER TABLE records ADD COLUMN vectors_due INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX records_vectors_due ON records (seq) WHERE vectors_due = 1;
+"""
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration("m001_records", _script(M001_RECORDS)),
     Migration("m002_emphasis", _m002_emphasis),
@@ -252,6 +261,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration("m004_maintenance", _script(M004_MAINTENANCE)),
     Migration("m005_scope_aliases", _script(M005_SCOPE_ALIASES)),
     Migration("m006_users", _script(M006_USERS)),
+    Migration("m007_vectors_due", _script(M007_VECTORS_DUE)),
 )
 
 

@@ -226,6 +226,9 @@ class SqliteStore(VectorTables, UpkeepReads):
     async def current(self, filters: Filters, limit: int) -> list[Record]:
         return await self.reads.current(filters, limit)
 
+    async def find_by_hash(self, content_hash: str, filters: Filters) -> list[Record]:
+        return await self.reads.find_by_hash(content_hash, filters)
+
     async def top_by_prior(
         self, filters: Filters, ranking: RankerConfig, now: datetime, limit: int
     ) -> list[tuple[Record, float]]:
@@ -270,17 +273,21 @@ class SqliteStore(VectorTables, UpkeepReads):
         """Current records whose vectors are missing or from another embedder, oldest first."""
         rows = await self.reads.fetch(
             f"SELECT {SELECT}, r.seq FROM records r "
-            "WHERE r.live = 1 AND (r.embedder IS NULL OR r.embedder != ?) "
+            "WHERE r.live = 1 AND (r.embedder IS NULL OR r.embedder != ? OR r.vectors_due = 1) "
             "ORDER BY r.seq LIMIT ?",
             [embedder, limit],
         )
         return [record_of(row) for row in rows]
 
-    async def count_needing_embedding(self, embedder: str | None) -> int:
+    async def count_needing_embedding(
+        self, embedder: str | None, *, incomplete: bool = True
+    ) -> int:
         if embedder is None:
             return 0
+        due = " OR vectors_due = 1" if incomplete else ""
         rows = await self.reads.fetch(
-            "SELECT count(*) FROM records WHERE live = 1 AND (embedder IS NULL OR embedder != ?)",
+            "SELECT count(*) FROM records "
+            f"WHERE live = 1 AND (embedder IS NULL OR embedder != ?{due})",
             [embedder],
         )
         return int(rows[0][0])

@@ -112,13 +112,15 @@ class Transaction(SharedWrites, Queries):
         )
 
     async def carry_vectors(self, from_id: str, to_id: str, embedder: str) -> int:
-        """Append ``from_id``'s passage vectors to ``to_id``'s (a fold keeps both findable)."""
+        """Append ``from_id``'s passage vectors to ``to_id``'s (a fold keeps both findable);
+        a record without vectors takes them (an exact repeat, which is not embedded)."""
         table = await self._store._vector_table(self._conn, embedder)
         source, target = await self._slot(from_id), await self._slot(to_id)
         if table is None or source is None or target is None or not target.live:
             return 0
-        if source.embedder != embedder or target.embedder != embedder:
+        if source.embedder != embedder or target.embedder not in (None, embedder):
             return 0
+        await self._inherit_due(from_id, to_id)
         free = MAX_PASSAGES - target.vec_rows
         rows = await self.fetch(
             f"SELECT v.embedding FROM json_each(?) j JOIN {table} v ON v.rowid = j.value "
