@@ -49,6 +49,11 @@ async def test_a_tiny_perf_run_reports_every_figure() -> None:
     assert point.embed_one_ms is not None and point.embed_one_ms > 0  # the model alone
     assert data["store_p50_x"] == round(point.store_p50_ms / point.embed_one_ms, 2)
     assert data["search_p95_x"] == round(point.search_p95_ms / point.embed_one_ms, 2)
+    assert point.deferred_ms is not None and point.deferred_ms >= 0  # the windows, after
+    assert point.model_batch_per_s is not None and point.model_batch_per_s > 0
+    assert data["import_of_model"] == round(
+        point.import_embedded_per_s / point.model_batch_per_s, 3
+    )
 
 
 @pytest.mark.sqlite_only  # bench perf keeps its SQLite files in the folder

@@ -353,6 +353,9 @@ def bench_perf(
         "model, 1 text",
         "store/model",
         "search/model",
+        "deferred/store",
+        "model batch/s",
+        "import/model",
     )
     rows = [
         [
@@ -370,6 +373,9 @@ def bench_perf(
             "-" if point.embed_one_ms is None else f"{point.embed_one_ms} ms",
             _times(point.ratios["store_p50_x"]),
             _times(point.ratios["search_p50_x"]),
+            "-" if point.deferred_ms is None else f"{point.deferred_ms} ms",
+            "-" if point.model_batch_per_s is None else f"{point.model_batch_per_s:,.0f}",
+            _share(point.ratios["import_of_model"]),
         ]
         for point in result.points
     ]
@@ -380,6 +386,10 @@ def bench_perf(
 
 def _times(ratio: float | None) -> str:
     return "-" if ratio is None else f"{ratio:.1f}x"
+
+
+def _share(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio:.0%}"
 
 
 @bench_app.command("score")

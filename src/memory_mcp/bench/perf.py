@@ -8,11 +8,16 @@ For each size N, in a fresh store:
    what ``memory-mcp import`` runs on an export file): bulk throughput in
    memories per second, once to the records written (searchable, lexically)
    and once to every record embedded (the end of the command);
-3. ``store`` latency: single writes of fresh memories, after a warm-up;
+3. ``store`` latency: single writes of fresh memories, after a warm-up; then
+   the time the embedding they deferred takes (the long ones' sentence windows,
+   done after the answer), per store;
 4. ``search`` latency: hybrid searches with the filters agents use (kinds,
    tags, a time bound), after a warm-up;
-5. brief + inject time (``build_brief`` then ``inject`` into three files);
-6. database bytes per memory and the process's resident memory.
+5. the model alone: one text at a time (the floor of a store and of a
+   search), and the imported memories' passages in one batched pass (the
+   ceiling of an import's embedding rate);
+6. brief + inject time (``build_brief`` then ``inject`` into three files);
+7. database bytes per memory and the process's resident memory.
 
 The memories come from ``generate``: seeded, coding-agent-like (commands,
 decisions, conventions, versions, paths, gotchas across several stacks), of
@@ -41,6 +46,7 @@ from memory_mcp.config import Settings, WriteSettings, replaced
 from memory_mcp.embedders.base import Embedder
 from memory_mcp.errors import InvalidInput
 from memory_mcp.exchange import header_line, record_line
+from memory_mcp.passages import record_passages
 from memory_mcp.records import utcnow
 from memory_mcp.scope import project_scope
 from memory_mcp.service import MemoryService
@@ -233,16 +239,25 @@ class PerfPoint:
     # The model's own time for one text (p50 over the stored texts, in this run): the
     # floor of a store and of a search, so that the latencies compare across machines.
     embed_one_ms: float | None = None
+    # The embedding the timed stores deferred until after their answers, per store.
+    deferred_ms: float | None = None
+    # Memories a second the model embeds in one batched pass over the passages of
+    # imported memories (up to ``_BATCH_SAMPLE`` of them), in this run.
+    model_batch_per_s: float | None = None
 
     @property
     def ratios(self) -> dict[str, float | None]:
-        """Store and search p50 / p95 as multiples of ``embed_one_ms``."""
+        """Store and search p50 / p95 as multiples of ``embed_one_ms``, and the import's
+        embedding rate as a share of the model's batched one."""
         names = ("store_p50_ms", "store_p95_ms", "search_p50_ms", "search_p95_ms")
         unit = self.embed_one_ms
-        return {
+        out = {
             name.replace("_ms", "_x"): round(getattr(self, name) / unit, 2) if unit else None
             for name in names
         }
+        batch = self.model_batch_per_s
+        out["import_of_model"] = round(self.import_embedded_per_s / batch, 3) if batch else None
+        return out
 
 
 @dataclass
@@ -404,6 +419,12 @@ async def measure(
         if n >= 5:  # warm-up
             store_ms.append((time.perf_counter() - started) * 1000)
 
+    deferred_ms = None
+    if memory.engine.embeddings.identity is not None:
+        started = time.perf_counter()
+        await memory.engine.finish_deferred(600)
+        deferred_ms = (time.perf_counter() - started) * 1000 / (samples + 5)
+
     say(f"{count:,}: search", 0, 1)
     rng = random.Random(count)
     queries: list[tuple[str, tuple[str, ...], tuple[str, ...], str | None]] = [
@@ -441,6 +462,7 @@ async def measure(
                 break
             if n >= 5:
                 embed_ms.append((time.perf_counter() - started) * 1000)
+    model_batch_per_s = await _model_batch_rate(memory, count)
 
     say(f"{count:,}: brief", 0, 1)
     brief_ms: list[float] = []
@@ -468,7 +490,30 @@ async def measure(
         embedder=memory.engine.embeddings.identity or "bm25",
         run_on_store=filled.runs,
         embed_one_ms=round(statistics.median(embed_ms), 2) if embed_ms else None,
+        deferred_ms=None if deferred_ms is None else round(deferred_ms, 2),
+        model_batch_per_s=model_batch_per_s,
     )
+
+
+_BATCH_SAMPLE = 2000  # imported memories whose passages the model embeds in one pass
+
+
+async def _model_batch_rate(memory: MemoryService, count: int) -> float | None:
+    """Memories a second the model embeds, all passages of each, in one batched call.
+
+    The texts are the first of those the fill imported (the same generator and
+    seed): what an import embeds, given to the model at once, with no store
+    around it.
+    """
+    engine = memory.engine
+    if engine.embeddings.identity is None:
+        return None
+    texts = [text for _, text, _ in generate(min(count, _BATCH_SAMPLE), seed=count)]
+    passages = [p for text in texts for p in record_passages(text, [])]
+    started = time.perf_counter()
+    if await engine.embeddings.embed(passages) is None:
+        return None
+    return round(len(texts) / (time.perf_counter() - started), 1)
 
 
 FILL_FILE = "fill.json"
