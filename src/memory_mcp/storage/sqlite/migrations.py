@@ -254,6 +254,15 @@ CREATE INDEX records_vectors_due ON records (seq) WHERE vectors_due = 1;
 """
 
 
+def _m008_postings(conn: sqlite3.Connection) -> None:
+    """The impact-ordered word index beside FTS5 (``postings``), for every current record."""
+    from memory_mcp.storage.sqlite import postings
+
+    _script(postings.SCHEMA)(conn)
+    conn.execute("INSERT INTO postings_due (seq) SELECT seq FROM records WHERE live = 1")
+    postings.index_due_sync(conn)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration("m001_records", _script(M001_RECORDS)),
     Migration("m002_emphasis", _m002_emphasis),
@@ -262,6 +271,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration("m005_scope_aliases", _script(M005_SCOPE_ALIASES)),
     Migration("m006_users", _script(M006_USERS)),
     Migration("m007_vectors_due", _script(M007_VECTORS_DUE)),
+    Migration("m008_postings", _m008_postings),
 )
 
 

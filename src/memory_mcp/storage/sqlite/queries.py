@@ -14,14 +14,14 @@ from memory_mcp.lexical import query_terms, stem
 from memory_mcp.passages import MAX_PASSAGES
 from memory_mcp.records import Record
 from memory_mcp.storage.base import Around, Filters, Scored, Vector
+from memory_mcp.storage.bm25 import idf
+from memory_mcp.storage.sqlite import postings
 from memory_mcp.storage.sqlite.driver import OPERATIONAL_ERRORS
 from memory_mcp.storage.sqlite.sql import (
     SELECT,
     by_seq_sql,
     filters_sql,
-    fts_query,
     hash_sql,
-    lexical_sql,
     marks,
     record_of,
     slots_sql,
@@ -89,11 +89,42 @@ class Queries:
         terms = query_terms(text)
         if rare_words and len(terms) > 2:
             terms = await self._rarest(terms)
-        if not terms or not filters.scope_keys:
+        if not terms or not filters.scope_keys or k <= 0:
             return []
+        stems = list(dict.fromkeys(stem(t) for t in terms))
+        counts = await self._store._document_counts(set(stems), fresh=not rare_words)
+        stems = [s for s in stems if counts.get(s)]
+        lists = await self._lists(filters)
+        if not stems or not lists:
+            return []
+        records, length = await self._fts_totals()
+        weights = json.dumps({s: idf(records, counts[s]) for s in stems})
+        # The rarest words find the candidates; every word scores them.
+        finders = sorted(stems, key=lambda s: counts[s])[: postings.MOST_FINDERS]
         where, params = filters_sql(filters)
-        rows = await self.fetch(lexical_sql(where), [fts_query(terms), *params, k])
-        return [Scored(record_of(row), -float(row[-1])) for row in rows]
+        sql = postings.top_sql(len(lists), len(finders), where)
+        deepest = max(counts[s] for s in finders)
+        depth = postings.FIRST_DEPTH
+        while True:
+            firsts = [v for n in lists for s in finders for v in (n, s, depth)]
+            rows = await self.fetch(sql, [*firsts, weights, length, *params, k])
+            if len(rows) >= k or depth >= deepest:
+                return [Scored(record_of(row), float(row[-1])) for row in rows]
+            depth *= postings.DEEPER
+
+    async def _lists(self, filters: Filters) -> list[int]:
+        """The posting lists of the filters' scopes and corpora."""
+        rows = await self.fetch(
+            f"SELECT id FROM posting_lists WHERE scope_key IN ({marks(filters.scope_keys)}) "
+            f"AND corpus IN ({marks(filters.corpora)})",
+            [*filters.scope_keys, *filters.corpora],
+        )
+        return [int(row[0]) for row in rows]
+
+    async def _fts_totals(self) -> tuple[int, float]:
+        """FTS5's record count and mean length (its bm25's N and avgdl)."""
+        rows = await self.fetch("SELECT block FROM records_fts_data WHERE id = 1")
+        return postings.fts_totals(bytes(rows[0][0])) if rows else (0, 0.0)
 
     async def _rarest(self, terms: list[str]) -> list[str]:
         """The rarest of ``terms`` by the number of records that hold them (FTS5's vocabulary).

@@ -29,6 +29,7 @@ from memory_mcp.storage.base import (
     StoreStats,
     Vector,
 )
+from memory_mcp.storage.sqlite import postings
 from memory_mcp.storage.sqlite.driver import OPERATIONAL_ERRORS, Driver, DriverName, cached_driver
 from memory_mcp.storage.sqlite.migrations import copy_database, prepare_file
 from memory_mcp.storage.sqlite.queries import Queries
@@ -183,6 +184,7 @@ class SqliteStore(VectorTables, UpkeepReads):
             pending = dict(self._tables)
             try:
                 yield Transaction(self._writer, self)
+                await self._index_due(self._writer)
                 await self._sweep_retired(self._writer)
             except BaseException as exc:
                 with anyio.CancelScope(shield=True):
@@ -200,6 +202,26 @@ class SqliteStore(VectorTables, UpkeepReads):
                     await self._writer.execute("ROLLBACK")
                 self._tables = pending
                 raise storage_error(exc) from exc
+
+    async def _index_due(self, conn: aiosqlite.Connection) -> None:
+        """Make the postings of the records this transaction queued (``postings``)."""
+        due = list(await conn.execute_fetchall(postings.DUE_SQL))
+        if not due:
+            return
+        wanted = {(str(r[1]), str(r[2])) for r in due if r[3]}
+        await conn.executemany(
+            "INSERT OR IGNORE INTO posting_lists (scope_key, corpus) VALUES (?, ?)", wanted
+        )
+        lists = {
+            (str(k), str(c)): int(n)
+            for n, k, c in await conn.execute_fetchall(
+                "SELECT id, scope_key, corpus FROM posting_lists"
+            )
+        }
+        clear, rows = postings.rows_for(due, lists)
+        await conn.executemany("DELETE FROM postings WHERE seq = ?", [(s,) for s in clear])
+        await conn.executemany(postings.INSERT_SQL, rows)
+        await conn.execute("DELETE FROM postings_due")
 
     # Reads ---------------------------------------------------------------------------
 
@@ -411,15 +433,16 @@ class SqliteStore(VectorTables, UpkeepReads):
         """Drop the cached record counts of words (the write path's rare words)."""
         self._counts.clear()
 
-    async def _document_counts(self, stems: set[str]) -> dict[str, int]:
-        """How many committed records hold each stem FTS5 knows (cached a while).
+    async def _document_counts(self, stems: set[str], *, fresh: bool = False) -> dict[str, int]:
+        """How many committed records hold each stem FTS5 knows (cached a while, unless
+        ``fresh``: the BM25 of a search is FTS5's own, to the last write).
 
         Read on the reader connection, which is never inside a transaction that
         could roll its temporary vocabulary table back; fts5vocab counts by
         reading a word's postings, hence the cache.
         """
         now = time.monotonic()
-        stale = now - _COUNTS_TTL
+        stale = now if fresh else now - _COUNTS_TTL
         missing = [s for s in stems if self._counts.get(s, (0, stale - 1))[1] < stale]
         if missing:
             if not self._vocab_ready:

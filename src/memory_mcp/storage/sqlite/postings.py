@@ -1,0 +1,188 @@
+"""The lexical branch's top k without scoring every match: impact-ordered postings.
+
+FTS5 answers ``ORDER BY bm25(...) LIMIT k`` by computing BM25 for every record
+that holds any query word: "run tests billing" matches 26,000 records of a
+50,000-memory project, and the cost grows with the store. This module keeps a
+second word index beside FTS5, for current records only: one row per (record,
+stem) in ``postings``, grouped in lists by scope and corpus, each list ordered
+by the stem's *impact* in the record - BM25's term-frequency part at a fixed
+reference length (``_REFERENCE_LENGTH``)::
+
+    impact = f / (f + K1 * (1 - B + B * |D| / REFERENCE))
+
+A search reads the first ``depth`` postings of each query word in each list it
+may see (bounded work, whatever the store's size), and scores the union of
+those records exactly, with FTS5's own statistics (the number of records, their
+mean length, and each word's record count): the score is the one FTS5 gives.
+A word held by at most ``depth`` records of a list yields all of them, so the
+top k is exact there; beyond that it is the top k of the records among the
+most word-dense ones of each word. When the filters leave fewer than k of them
+(a kind or a tag that few records have), the search reads deeper, four times
+as far each round, until it has k or has read every posting.
+
+The index is kept in step inside each write transaction: triggers queue every
+record whose words or liveness change (``postings_due``), and the store
+re-indexes the queued records before the transaction commits
+(``index_due``), so no write path can forget it. Records that stop being
+current lose their postings through a trigger.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from memory_mcp.storage.bm25 import K1, B, document_terms, indexed_columns
+from memory_mcp.storage.rows import SELECT
+
+# A memory's length in tokens, about: only the order within a list depends on it.
+_REFERENCE_LENGTH = 32.0
+FIRST_DEPTH = 256  # postings read per word and list in the first round
+DEEPER = 4  # how much deeper each further round reads
+MOST_FINDERS = 8  # the rarest words of a query that find its candidates
+
+SCHEMA = """
+-- The lists: one per scope key and corpus, numbered.
+CREATE TABLE posting_lists (
+    id INTEGER PRIMARY KEY,
+    scope_key TEXT NOT NULL,
+    corpus TEXT NOT NULL,
+    UNIQUE (scope_key, corpus)
+);
+-- One row per current record and stem: its weighted frequency and the record's length
+-- (BM25's f and |D|), listed by impact (storage/sqlite/postings.py).
+CREATE TABLE postings (
+    list INTEGER NOT NULL,
+    term TEXT NOT NULL,
+    impact REAL NOT NULL,
+    seq INTEGER NOT NULL,
+    tf REAL NOT NULL,
+    dl INTEGER NOT NULL,
+    PRIMARY KEY (list, term, impact, seq)
+) WITHOUT ROWID;
+CREATE INDEX postings_seq ON postings (seq, term, tf, dl);
+-- Records whose postings must be made again before the transaction commits.
+CREATE TABLE postings_due (seq INTEGER PRIMARY KEY);
+CREATE TRIGGER postings_insert AFTER INSERT ON records BEGIN
+    INSERT OR IGNORE INTO postings_due (seq) VALUES (new.seq);
+END;
+CREATE TRIGGER postings_update
+AFTER UPDATE OF content, merged_text, tags, archived_at, replaced_by ON records BEGIN
+    INSERT OR IGNORE INTO postings_due (seq) VALUES (new.seq);
+END;
+CREATE TRIGGER postings_delete AFTER DELETE ON records BEGIN
+    DELETE FROM postings WHERE seq = old.seq;
+END;
+"""
+
+
+def impact(tf: float, length: int) -> float:
+    """A posting's place in its list: BM25's frequency part at the reference length."""
+    return tf / (tf + K1 * (1 - B + B * length / _REFERENCE_LENGTH))
+
+
+def posting_rows(
+    seq: int, content: str, merged_text: str, tags: str
+) -> list[tuple[str, float, int, float, int]]:
+    """(term, impact, seq, tf, dl) for one record, as the full-text index reads it."""
+    length, weighted = document_terms(indexed_columns(content, merged_text, json.loads(tags)))
+    return [(term, impact(tf, length), seq, tf, length) for term, tf in weighted.items()]
+
+
+# Keeping in step -------------------------------------------------------------------------
+
+DUE_SQL = (
+    "SELECT d.seq, r.scope_key, r.corpus, r.live, r.content, r.merged_text, r.tags "
+    "FROM postings_due d LEFT JOIN records r ON r.seq = d.seq"
+)
+INSERT_SQL = "INSERT INTO postings (list, term, impact, seq, tf, dl) VALUES (?, ?, ?, ?, ?, ?)"
+
+
+def rows_for(
+    due: Iterable[Sequence[Any]], list_of: dict[tuple[str, str], int]
+) -> tuple[list[int], list[tuple[Any, ...]]]:
+    """The records to clear and the postings to write for queued rows (``DUE_SQL``)."""
+    clear: list[int] = []
+    out: list[tuple[Any, ...]] = []
+    for seq, scope_key, corpus, live, content, merged_text, tags in due:
+        clear.append(int(seq))
+        if not live:
+            continue
+        number = list_of[(str(scope_key), str(corpus))]
+        out.extend((number, *row) for row in posting_rows(int(seq), content, merged_text, tags))
+    return clear, out
+
+
+def index_due_sync(conn: sqlite3.Connection) -> None:
+    """Index the queued records, on a plain sqlite3 connection (migrations, doctor)."""
+    due = conn.execute(DUE_SQL).fetchall()
+    if not due:
+        return
+    lists = list_numbers_sync(conn, {(str(r[1]), str(r[2])) for r in due if r[3]})
+    clear, rows = rows_for(due, lists)
+    conn.executemany("DELETE FROM postings WHERE seq = ?", [(s,) for s in clear])
+    conn.executemany(INSERT_SQL, rows)
+    conn.execute("DELETE FROM postings_due")
+
+
+def list_numbers_sync(
+    conn: sqlite3.Connection, wanted: set[tuple[str, str]]
+) -> dict[tuple[str, str], int]:
+    for key in wanted:
+        conn.execute("INSERT OR IGNORE INTO posting_lists (scope_key, corpus) VALUES (?, ?)", key)
+    return {
+        (str(k), str(c)): int(n)
+        for n, k, c in conn.execute("SELECT id, scope_key, corpus FROM posting_lists")
+    }
+
+
+# Reading -------------------------------------------------------------------------------
+
+
+def fts_totals(block: bytes) -> tuple[int, float]:
+    """FTS5's record count and mean record length, from its averages record.
+
+    The averages record (``records_fts_data`` row 1) holds the number of rows and
+    then each column's token total, as SQLite varints: what FTS5's own bm25()
+    reads for N and avgdl.
+    """
+    numbers: list[int] = []
+    at = 0
+    while at < len(block):
+        value = 0
+        for byte_number in range(9):
+            byte = block[at]
+            at += 1
+            if byte_number == 8:
+                value = (value << 8) | byte
+                break
+            value = (value << 7) | (byte & 0x7F)
+            if not byte & 0x80:
+                break
+        numbers.append(value)
+    rows = numbers[0] if numbers else 0
+    return rows, (sum(numbers[1:]) / rows if rows else 0.0)
+
+
+def top_sql(lists: int, terms: int, where: str) -> str:
+    """The top k of the records among the first ``?`` postings of each (list, term):
+    BM25 with the statistics given as parameters, filtered by ``where``.
+
+    Parameters: for each list and term, (list, term, depth); then the terms' idf as a
+    JSON object; then avgdl; then the filters' parameters; then k.
+    """
+    firsts = " UNION ".join(
+        ["SELECT seq FROM (SELECT seq FROM postings WHERE list = ? AND term = ? "
+         "ORDER BY impact DESC LIMIT ?)"] * (lists * terms)
+    )  # fmt: skip
+    return (
+        f"WITH candidates(seq) AS ({firsts}), "
+        "weights(term, idf) AS (SELECT key, value FROM json_each(?)), "
+        f"scored(seq, s) AS (SELECT p.seq, sum(w.idf * p.tf * {K1 + 1} / "
+        f"(p.tf + {K1} * ({1 - B} + {B} * p.dl / ?))) FROM candidates c "
+        "JOIN weights w JOIN postings p ON p.seq = c.seq AND p.term = w.term GROUP BY p.seq) "
+        f"SELECT {SELECT}, s.s FROM scored s CROSS JOIN records r ON r.seq = s.seq "
+        f"WHERE {where} ORDER BY s.s DESC, r.seq DESC LIMIT ?"
+    )
