@@ -1,8 +1,9 @@
 """``memory-mcp doctor`` and ``backup``: check the indexes against the records, repair, copy.
 
 The records table is canonical. Everything else is derived from it and can be
-rebuilt: the FTS5 index (its ``rebuild`` command reads the records again) and
-the vectors (a current record's passage vectors live at rowids ``seq *
+rebuilt: the FTS5 index (its ``rebuild`` command reads the records again), the
+impact-ordered postings beside it (``postings.py``: made again from the current
+records) and the vectors (a current record's passage vectors live at rowids ``seq *
 MAX_PASSAGES + i`` for ``i < vec_rows`` of its embedder's vec0 table). A
 record whose vectors are missing or incomplete loses the ones it has and goes
 back to "awaiting vectors", which maintenance (or ``memory-mcp reembed``) then
@@ -42,6 +43,7 @@ async def diagnose(store: SqliteStore, *, repair: bool = False) -> Diagnosis:
     if not integrity.ok:
         return Diagnosis(checks)  # a damaged file: leave it alone (restore a backup)
     checks.append(await _full_text(store, repair, fts))
+    checks.append(await _postings(store, repair))
     checks.extend(await _vectors(store, repair))
     checks.append(await _conflicts(store, repair))
     return Diagnosis(checks)
@@ -83,6 +85,45 @@ async def _full_text(store: SqliteStore, repair: bool, found: list[str]) -> Chec
         async with store.write() as tx:
             await tx.execute("INSERT INTO records_fts (records_fts) VALUES ('rebuild')")
         check.repaired = True
+    return check
+
+
+async def _postings(store: SqliteStore, repair: bool) -> Check:
+    """The impact-ordered postings against the current records: each current record
+    has its stems' postings, in its scope's and corpus's list, and no other record has
+    any. (Their values are made from the records: a repair makes every one again.)"""
+    check = Check("word postings")
+    queries = (
+        (
+            "SELECT count(*) FROM records r WHERE r.live = 1 AND NOT EXISTS "
+            "(SELECT 1 FROM postings p WHERE p.seq = r.seq) AND (r.content || r.merged_text "
+            "|| r.tags) GLOB '*[0-9A-Za-z]*'",
+            "{} current records have no postings",
+        ),
+        (
+            "SELECT count(DISTINCT p.seq) FROM postings p LEFT JOIN records r ON r.seq = p.seq "
+            "WHERE r.seq IS NULL OR r.live = 0",
+            "{} records that are not current have postings",
+        ),
+        (
+            "SELECT count(DISTINCT p.seq) FROM postings p JOIN records r ON r.seq = p.seq "
+            "LEFT JOIN posting_lists l ON l.id = p.list "
+            "WHERE l.id IS NULL OR l.scope_key <> r.scope_key OR l.corpus <> r.corpus",
+            "{} records have postings in another scope's or corpus's list",
+        ),
+        ("SELECT count(*) FROM postings_due", "{} records wait to be indexed"),
+    )
+    for sql, message in queries:
+        count = int((await store.reads.fetch(sql))[0][0])
+        if count:
+            check.problems.append(message.format(count))
+    if check.problems and repair:
+        async with store.write() as tx:
+            await tx.execute("DELETE FROM postings")
+            await tx.execute(
+                "INSERT OR IGNORE INTO postings_due (seq) SELECT seq FROM records WHERE live = 1"
+            )
+        check.repaired = True  # the transaction's commit indexed them all
     return check
 
 
