@@ -361,3 +361,58 @@ async def _rows(url: str, query: str) -> set[tuple[Any, ...]]:
         while cursor.nextset():
             pass
         return {tuple(r) for r in rows}
+
+
+async def test_the_top_k_from_postings_is_bm25_over_every_record(store: Any) -> None:
+    """The first postings of each word, read deeper while filters reject, give the top k
+    of BM25 over every record (computed here from every record's text)."""
+    import json
+    import random
+
+    from memory_mcp.lexical import query_terms, stem
+    from memory_mcp.storage.bm25 import FIRST_DEPTH, document_terms, indexed_columns, score
+
+    rng = random.Random(3)
+    words = ["deploy", "build", "cache", "queue", "billing", "tests", "port", "worker"]
+    async with store.write() as tx:
+        for n in range(1200):
+            text = " ".join(rng.choice(words) for _ in range(rng.randint(2, 12)))
+            kind = "gotcha" if n % 97 == 0 else "fact"
+            await tx.insert(fact(f"deploy {text} item{n}", kind=kind), None)
+    assert FIRST_DEPTH < 1200
+    rows = await store.fetch("SELECT documents, tokens FROM lexical_stats")
+    documents, tokens = int(rows[0][0]), int(rows[0][1])
+    every = await store.fetch("SELECT id, kind, content, merged_text, tags FROM records")
+    terms = {
+        str(i): (k, document_terms(indexed_columns(c, m, json.loads(t)))) for i, k, c, m, t in every
+    }
+    gotchas = Filters(scope_keys=("/repo",), corpora=("facts",), kinds=("gotcha",))
+    for text, filters, k in (("deploy", FACTS, 10), ("deploy billing port", FACTS, 40),
+                             ("deploy cache", gotchas, 10)):  # fmt: skip
+        query = query_terms(text)
+        holding = {stem(q): sum(1 for _, (_, t) in terms.values() if stem(q) in t) for q in query}
+        expected = sorted(
+            (
+                round(score(query, t[1], t[0], documents, tokens / documents, holding), 6)
+                for kind, t in terms.values()
+                if not filters.kinds or kind in filters.kinds
+            ),
+            reverse=True,
+        )[:k]
+        found = await store.lexical(text, filters, k)
+        assert [round(s.score, 6) for s in found] == expected, text
+    assert {s.record.kind for s in await store.lexical("deploy cache", gotchas, 10)} == {"gotcha"}
+
+
+async def test_doctor_finds_postings_out_of_step_and_makes_them_again(store: Any) -> None:
+    ids = await filled(store)
+    async with store.write() as tx:
+        await tx.execute("DELETE FROM postings WHERE seq = (SELECT min(seq) FROM records)")
+        await tx.execute(
+            "UPDATE postings SET tf = tf + 1 WHERE seq = (SELECT max(seq) FROM records)"
+        )
+    found = await store.doctor()
+    assert {c.name for c in found.checks if not c.ok} == {"word postings"}
+    assert (await store.doctor(repair=True)).healthy
+    assert all(c.ok for c in (await store.doctor()).checks)
+    assert [s.record.id for s in await store.lexical("deploy note", FACTS, 10)][:1] == [ids[0]]

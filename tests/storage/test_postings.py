@@ -13,6 +13,7 @@ import pytest
 from helpers.records import fact
 from memory_mcp.records import format_time, utcnow
 from memory_mcp.storage.base import Filters
+from memory_mcp.storage.bm25 import FIRST_DEPTH
 from memory_mcp.storage.sqlite import SqliteStore, postings
 from memory_mcp.storage.sqlite.doctor import diagnose
 from memory_mcp.storage.sqlite.sql import filters_sql, fts_query, lexical_sql, record_of
@@ -68,7 +69,7 @@ async def test_the_top_k_is_fts5s_and_filters_read_deeper(tmp_path: Path) -> Non
                 kind = "gotcha" if n % 97 == 0 else "fact"
                 tags = ["rare"] if n % 211 == 0 else []
                 await tx.insert(fact(f"deploy {words} item{n}", kind=kind, tags=tags), None)
-        assert postings.FIRST_DEPTH < 1500
+        assert FIRST_DEPTH < 1500
         gotchas = dataclasses.replace(FILTERS, kinds=("gotcha",))
         cases = [
             ("deploy", FILTERS, 10),

@@ -15,7 +15,7 @@ only the store that handed them out reads.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Collection, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -119,6 +119,18 @@ class Check:
     @property
     def ok(self) -> bool:
         return not self.problems
+
+    async def tally(
+        self,
+        fetch: Callable[[str], Awaitable[list[Any]]],
+        queries: Sequence[tuple[str, str]],
+    ) -> None:
+        """Run each (counting query, message): a count above zero is a problem, said by
+        the message with the count in its ``{}``."""
+        for sql, message in queries:
+            count = int((await fetch(sql))[0][0])
+            if count:
+                self.problems.append(message.format(count))
 
     def to_json(self) -> dict[str, object]:
         return {

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
 
 from memory_mcp.lexical import stem, words
 
@@ -72,3 +74,57 @@ def score(
         norm = K1 * (1 - B + B * length / average_length)
         total += idf(documents, holding.get(stem(term), 0)) * f * (K1 + 1) / (f + norm)
     return total
+
+
+# The top k without scoring every match ---------------------------------------------
+#
+# Both backends keep, beside the stems of every record, impact-ordered postings of the
+# current ones: per scope and corpus (a "list"), each stem's postings ordered by its
+# impact in the record, BM25's frequency part at a fixed reference length. A search
+# reads the first ``depth`` postings of its rarest words in each list it may see and
+# scores their union exactly (``score``'s formula, the collection's statistics): a word
+# held by at most ``depth`` records yields all of them; a common word, its most
+# word-dense records. When the filters leave fewer than k, it reads deeper.
+
+REFERENCE_LENGTH = 32.0  # a memory's length in tokens, about: it orders a list only
+FIRST_DEPTH = 256  # postings read per word and list in the first round
+DEEPER = 4  # how much deeper each further round reads
+MOST_FINDERS = 8  # the rarest words of a query that find its candidates
+
+
+def impact(tf: float, length: int) -> float:
+    """A posting's place in its list: BM25's frequency part at the reference length."""
+    return tf / (tf + K1 * (1 - B + B * length / REFERENCE_LENGTH))
+
+
+@dataclass(frozen=True)
+class TopPlan:
+    """What a lexical top-k query needs: each stem's idf, and the words that find."""
+
+    weights: dict[str, float]  # stem -> idf, for every stem some record holds
+    finders: list[str]  # the rarest of them, which find the candidates
+    deepest: int  # the most records that hold one of the finders
+
+    @classmethod
+    def of(cls, stems: Sequence[str], holding: Mapping[str, int], documents: int) -> TopPlan:
+        held = [s for s in dict.fromkeys(stems) if holding.get(s)]
+        finders = sorted(held, key=lambda s: holding[s])[:MOST_FINDERS]
+        return cls(
+            weights={s: idf(documents, holding[s]) for s in held},
+            finders=finders,
+            deepest=max((holding[s] for s in finders), default=0),
+        )
+
+
+Row = TypeVar("Row")
+
+
+async def deepening(read: Callable[[int], Awaitable[list[Row]]], k: int, deepest: int) -> list[Row]:
+    """``read(depth)`` from ``FIRST_DEPTH`` on, ``DEEPER`` times deeper each round, until
+    it gives ``k`` rows or has read every posting of the finders (``deepest``)."""
+    depth = FIRST_DEPTH
+    while True:
+        rows = await read(depth)
+        if len(rows) >= k or depth >= deepest:
+            return rows
+        depth *= DEEPER

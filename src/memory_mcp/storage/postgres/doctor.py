@@ -45,6 +45,7 @@ async def diagnose(store: PgStore, *, repair: bool = False) -> Diagnosis:
     if not checks[0].ok:
         return Diagnosis(checks)
     checks.append(await _full_text(store, repair))
+    checks.append(await _postings(store, repair))
     checks.append(await _vectors(store, repair))
     checks.append(await _conflicts(store, repair))
     return Diagnosis(checks)
@@ -116,6 +117,40 @@ async def _full_text(store: PgStore, repair: bool) -> Check:
             await tx.execute(
                 "UPDATE lexical_stats SET documents = (SELECT count(*) FROM records), "
                 "tokens = (SELECT coalesce(sum(doc_len), 0) FROM records)"
+            )
+        check.repaired = True
+    return check
+
+
+async def _postings(store: PgStore, repair: bool) -> Check:
+    """The impact-ordered postings against the current records' stems: the same stems,
+    in the record's scope's and corpus's list; none of a record that is not current."""
+    check = Check("word postings")
+    queries = (
+        (
+            "SELECT count(*) FROM (SELECT t.seq, t.term, t.tf FROM record_terms t "
+            "JOIN records r ON r.seq = t.seq WHERE r.live "
+            "EXCEPT SELECT p.seq, p.term, p.tf FROM postings p) AS missing",
+            "{} stems of current records have no posting",
+        ),
+        (
+            "SELECT count(*) FROM postings p LEFT JOIN records r ON r.seq = p.seq "
+            "LEFT JOIN posting_lists l ON l.id = p.list WHERE r.seq IS NULL OR NOT r.live "
+            "OR l.id IS NULL OR l.scope_key <> r.scope_key OR l.corpus <> r.corpus "
+            "OR NOT EXISTS (SELECT 1 FROM record_terms t WHERE t.seq = p.seq "
+            "AND t.term = p.term AND t.tf = p.tf)",
+            "{} postings belong to no current record's stems in its list",
+        ),
+    )
+    await check.tally(store.fetch, queries)
+    if check.problems and repair:
+        async with store.write() as tx:
+            await tx.execute("DELETE FROM postings")
+            await tx.execute(
+                "INSERT INTO postings (list, term, impact, seq, tf, doc_len, owner) "
+                "SELECT posting_list(r.scope_key, r.corpus), t.term, "
+                "posting_impact(t.tf, t.doc_len), t.seq, t.tf, t.doc_len, t.owner "
+                "FROM record_terms t JOIN records r ON r.seq = t.seq WHERE r.live"
             )
         check.repaired = True
     return check

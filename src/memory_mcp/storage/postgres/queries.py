@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from memory_mcp.lexical import query_terms, stem
 from memory_mcp.records import Record
 from memory_mcp.storage.base import Around, Filters, Scored, Vector
+from memory_mcp.storage.bm25 import TopPlan, deepening
 from memory_mcp.storage.postgres.sql import filters_sql, hash_sql, lexical_sql
 from memory_mcp.storage.rows import SELECT, record_of
 
@@ -72,13 +73,35 @@ class Queries:
     ) -> list[Scored]:
         """Records matching words of ``text``, best BM25 first (``bm25``: as FTS5 ranks)."""
         terms = query_terms(text)
+        counts = await self.document_counts({stem(t) for t in terms})
         if rare_words and len(terms) > 2:
-            terms = rarest(terms, await self.document_counts({stem(t) for t in terms}))
-        if not terms or not filters.scope_keys:
+            terms = rarest(terms, counts)
+        if not terms or not filters.scope_keys or k <= 0:
+            return []
+        rows = await self.fetch(
+            "SELECT greatest(documents, 1), greatest(tokens, 1)::float8 / greatest(documents, 1) "
+            "FROM lexical_stats"
+        )
+        documents, length = (int(rows[0][0]), float(rows[0][1])) if rows else (1, 1.0)
+        plan = TopPlan.of([stem(t) for t in terms], counts, documents)
+        lists = [
+            int(row[0])
+            for row in await self.fetch(
+                "SELECT id FROM posting_lists WHERE scope_key = ANY(%s) AND corpus = ANY(%s)",
+                [list(filters.scope_keys), list(filters.corpora)],
+            )
+        ]
+        if not plan.finders or not lists:
             return []
         where, params = filters_sql(filters)
-        rows = await self.fetch(lexical_sql(where), [[stem(t) for t in terms], *params, k])
-        return [Scored(record_of(row), float(row[-1])) for row in rows]
+        sql = lexical_sql(where)
+        weights = [list(plan.weights), list(plan.weights.values())]
+
+        async def read(depth: int) -> list[Any]:
+            return await self.fetch(sql, [lists, plan.finders, depth, *weights, length, *params, k])
+
+        found = await deepening(read, k, plan.deepest)
+        return [Scored(record_of(row), float(row[-1])) for row in found]
 
     async def document_counts(self, stems: Collection[str]) -> dict[str, int]:
         """How many records hold each of these stems (those that some record holds)."""

@@ -44,34 +44,30 @@ def filters_sql(f: Filters, *, live_only: bool = True) -> tuple[str, list[Any]]:
 
 
 def lexical_sql(where: str) -> str:
-    """FTS5's BM25 (``bm25``) over the records holding a stem of ``%s`` (one a phrase),
-    filtered by ``where``, best first, ``LIMIT %s``.
+    """FTS5's BM25 (``bm25``) of the records among the first postings of each finder
+    in each list (``bm25.TopPlan``), filtered by ``where``, best first.
 
-    ``n(q)`` counts the postings of each stem, and the scores are summed over
-    them, both from ``record_terms``'s primary key alone (it covers the weighted
-    frequency and the record's length: index-only scans, no visit to the
-    records). Then the records are visited best first, each checked against
-    ``where``, until ``LIMIT`` have passed: a few more than ``LIMIT`` reads of
-    ``records`` however many records hold the words. ``N`` and the mean length
-    come from ``lexical_stats``. Ties go to the older record.
+    Parameters: the lists (``%s::int[]``), the finders (``text[]``), the depth;
+    every stem and its idf (``text[]``, ``float8[]``); the mean length; the filters'
+    parameters; ``LIMIT``. Each (list, finder) is a backward walk of ``postings``'
+    key, ``depth`` rows at most; the candidates are scored from ``postings_seq``
+    alone (it covers the weighted frequency and the record's length), then visited
+    best first and checked against ``where``. Ties go to the older record.
     """
     return f"""
-WITH q AS (SELECT t.term FROM unnest(%s::text[]) AS t(term)),
-stats AS (SELECT greatest(documents, 1)::float8 AS n, greatest(tokens, 1)::float8
-          / greatest(documents, 1) AS avgdl FROM lexical_stats),
-idf AS (
-    SELECT q.term, greatest(ln((stats.n - h.n + 0.5) / (h.n + 0.5)), 1e-6) AS w
-    FROM q CROSS JOIN stats
-    CROSS JOIN LATERAL (SELECT count(*)::float8 AS n FROM record_terms x WHERE x.term = q.term) h
+WITH candidates AS MATERIALIZED (
+    SELECT DISTINCT c.seq FROM unnest(%s::int[]) AS l(id) CROSS JOIN unnest(%s::text[]) AS f(term)
+    CROSS JOIN LATERAL (SELECT p.seq FROM postings p WHERE p.list = l.id AND p.term = f.term
+                        ORDER BY p.impact DESC LIMIT %s) c
 ),
+weights AS (SELECT * FROM unnest(%s::text[], %s::float8[]) AS w(term, idf)),
 scored AS MATERIALIZED (
-    SELECT t.seq, sum(idf.w * t.tf * {K1 + 1} / (t.tf + {K1} * (1 - {B} + {B} * t.doc_len
-           / stats.avgdl))) AS s
-    FROM idf JOIN record_terms t ON t.term = idf.term CROSS JOIN stats
-    GROUP BY t.seq
+    SELECT p.seq, sum(w.idf * p.tf * {K1 + 1} / (p.tf + {K1} * (1 - {B} + {B} * p.doc_len
+           / %s::float8))) AS s
+    FROM candidates c JOIN postings p ON p.seq = c.seq JOIN weights w ON w.term = p.term
+    GROUP BY p.seq
 )
-SELECT {SELECT}, x.s FROM (SELECT seq, s FROM scored ORDER BY s DESC, seq) x
-JOIN records r ON r.seq = x.seq
+SELECT {SELECT}, x.s FROM scored x JOIN records r ON r.seq = x.seq
 WHERE {where}
 ORDER BY x.s DESC, x.seq LIMIT %s
 """

@@ -113,10 +113,7 @@ async def _postings(store: SqliteStore, repair: bool) -> Check:
         ),
         ("SELECT count(*) FROM postings_due", "{} records wait to be indexed"),
     )
-    for sql, message in queries:
-        count = int((await store.reads.fetch(sql))[0][0])
-        if count:
-            check.problems.append(message.format(count))
+    await check.tally(store.reads.fetch, queries)
     if check.problems and repair:
         async with store.write() as tx:
             await tx.execute("DELETE FROM postings")

@@ -6,9 +6,9 @@ that holds any query word: "run tests billing" matches 26,000 records of a
 second word index beside FTS5, for current records only: one row per (record,
 stem) in ``postings``, grouped in lists by scope and corpus, each list ordered
 by the stem's *impact* in the record - BM25's term-frequency part at a fixed
-reference length (``_REFERENCE_LENGTH``)::
+reference length (``bm25.impact``)::
 
-    impact = f / (f + K1 * (1 - B + B * |D| / REFERENCE))
+    impact = f / (f + K1 * (1 - B + B * |D| / REFERENCE_LENGTH))
 
 A search reads the first ``depth`` postings of each query word in each list it
 may see (bounded work, whatever the store's size), and scores the union of
@@ -34,14 +34,8 @@ import sqlite3
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from memory_mcp.storage.bm25 import K1, B, document_terms, indexed_columns
+from memory_mcp.storage.bm25 import K1, B, document_terms, impact, indexed_columns
 from memory_mcp.storage.rows import SELECT
-
-# A memory's length in tokens, about: only the order within a list depends on it.
-_REFERENCE_LENGTH = 32.0
-FIRST_DEPTH = 256  # postings read per word and list in the first round
-DEEPER = 4  # how much deeper each further round reads
-MOST_FINDERS = 8  # the rarest words of a query that find its candidates
 
 SCHEMA = """
 -- The lists: one per scope key and corpus, numbered.
@@ -76,11 +70,6 @@ CREATE TRIGGER postings_delete AFTER DELETE ON records BEGIN
     DELETE FROM postings WHERE seq = old.seq;
 END;
 """
-
-
-def impact(tf: float, length: int) -> float:
-    """A posting's place in its list: BM25's frequency part at the reference length."""
-    return tf / (tf + K1 * (1 - B + B * length / _REFERENCE_LENGTH))
 
 
 def posting_rows(
@@ -184,5 +173,5 @@ def top_sql(lists: int, terms: int, where: str) -> str:
         f"(p.tf + {K1} * ({1 - B} + {B} * p.dl / ?))) FROM candidates c "
         "JOIN weights w JOIN postings p ON p.seq = c.seq AND p.term = w.term GROUP BY p.seq) "
         f"SELECT {SELECT}, s.s FROM scored s CROSS JOIN records r ON r.seq = s.seq "
-        f"WHERE {where} ORDER BY s.s DESC, r.seq DESC LIMIT ?"
+        f"WHERE {where} ORDER BY s.s DESC, r.seq LIMIT ?"
     )

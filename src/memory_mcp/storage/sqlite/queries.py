@@ -14,7 +14,7 @@ from memory_mcp.lexical import query_terms, stem
 from memory_mcp.passages import MAX_PASSAGES
 from memory_mcp.records import Record
 from memory_mcp.storage.base import Around, Filters, Scored, Vector
-from memory_mcp.storage.bm25 import idf
+from memory_mcp.storage.bm25 import TopPlan, deepening
 from memory_mcp.storage.sqlite import postings
 from memory_mcp.storage.sqlite.driver import OPERATIONAL_ERRORS
 from memory_mcp.storage.sqlite.sql import (
@@ -91,26 +91,23 @@ class Queries:
             terms = await self._rarest(terms)
         if not terms or not filters.scope_keys or k <= 0:
             return []
-        stems = list(dict.fromkeys(stem(t) for t in terms))
+        stems = [stem(t) for t in terms]
         counts = await self._store._document_counts(set(stems), fresh=not rare_words)
-        stems = [s for s in stems if counts.get(s)]
         lists = await self._lists(filters)
-        if not stems or not lists:
-            return []
         records, length = await self._fts_totals()
-        weights = json.dumps({s: idf(records, counts[s]) for s in stems})
-        # The rarest words find the candidates; every word scores them.
-        finders = sorted(stems, key=lambda s: counts[s])[: postings.MOST_FINDERS]
+        plan = TopPlan.of(stems, counts, records)
+        if not plan.finders or not lists:
+            return []
         where, params = filters_sql(filters)
-        sql = postings.top_sql(len(lists), len(finders), where)
-        deepest = max(counts[s] for s in finders)
-        depth = postings.FIRST_DEPTH
-        while True:
-            firsts = [v for n in lists for s in finders for v in (n, s, depth)]
-            rows = await self.fetch(sql, [*firsts, weights, length, *params, k])
-            if len(rows) >= k or depth >= deepest:
-                return [Scored(record_of(row), float(row[-1])) for row in rows]
-            depth *= postings.DEEPER
+        sql = postings.top_sql(len(lists), len(plan.finders), where)
+        weights = json.dumps(plan.weights)
+
+        async def read(depth: int) -> list[Any]:
+            firsts = [v for n in lists for s in plan.finders for v in (n, s, depth)]
+            return await self.fetch(sql, [*firsts, weights, length, *params, k])
+
+        rows = await deepening(read, k, plan.deepest)
+        return [Scored(record_of(row), float(row[-1])) for row in rows]
 
     async def _lists(self, filters: Filters) -> list[int]:
         """The posting lists of the filters' scopes and corpora."""
