@@ -82,9 +82,11 @@ def posting_rows(
 
 # Keeping in step -------------------------------------------------------------------------
 
+# Queued records, a batch at a time (a migration or a repair queues every record).
 DUE_SQL = (
     "SELECT d.seq, r.scope_key, r.corpus, r.live, r.content, r.merged_text, r.tags "
-    "FROM postings_due d LEFT JOIN records r ON r.seq = d.seq"
+    "FROM postings_due d LEFT JOIN records r ON r.seq = d.seq "
+    "WHERE d.seq > ? ORDER BY d.seq LIMIT 2000"
 )
 INSERT_SQL = "INSERT INTO postings (list, term, impact, seq, tf, dl) VALUES (?, ?, ?, ?, ?, ?)"
 
@@ -106,13 +108,13 @@ def rows_for(
 
 def index_due_sync(conn: sqlite3.Connection) -> None:
     """Index the queued records, on a plain sqlite3 connection (migrations, doctor)."""
-    due = conn.execute(DUE_SQL).fetchall()
-    if not due:
-        return
-    lists = list_numbers_sync(conn, {(str(r[1]), str(r[2])) for r in due if r[3]})
-    clear, rows = rows_for(due, lists)
-    conn.executemany("DELETE FROM postings WHERE seq = ?", [(s,) for s in clear])
-    conn.executemany(INSERT_SQL, rows)
+    after = 0
+    while due := conn.execute(DUE_SQL, [after]).fetchall():
+        lists = list_numbers_sync(conn, {(str(r[1]), str(r[2])) for r in due if r[3]})
+        clear, rows = rows_for(due, lists)
+        conn.executemany("DELETE FROM postings WHERE seq = ?", [(s,) for s in clear])
+        conn.executemany(INSERT_SQL, rows)
+        after = clear[-1]
     conn.execute("DELETE FROM postings_due")
 
 

@@ -205,23 +205,24 @@ class SqliteStore(VectorTables, UpkeepReads):
 
     async def _index_due(self, conn: aiosqlite.Connection) -> None:
         """Make the postings of the records this transaction queued (``postings``)."""
-        due = list(await conn.execute_fetchall(postings.DUE_SQL))
-        if not due:
-            return
-        wanted = {(str(r[1]), str(r[2])) for r in due if r[3]}
-        await conn.executemany(
-            "INSERT OR IGNORE INTO posting_lists (scope_key, corpus) VALUES (?, ?)", wanted
-        )
-        lists = {
-            (str(k), str(c)): int(n)
-            for n, k, c in await conn.execute_fetchall(
-                "SELECT id, scope_key, corpus FROM posting_lists"
+        after = 0
+        while due := list(await conn.execute_fetchall(postings.DUE_SQL, [after])):
+            wanted = {(str(r[1]), str(r[2])) for r in due if r[3]}
+            await conn.executemany(
+                "INSERT OR IGNORE INTO posting_lists (scope_key, corpus) VALUES (?, ?)", wanted
             )
-        }
-        clear, rows = postings.rows_for(due, lists)
-        await conn.executemany("DELETE FROM postings WHERE seq = ?", [(s,) for s in clear])
-        await conn.executemany(postings.INSERT_SQL, rows)
-        await conn.execute("DELETE FROM postings_due")
+            lists = {
+                (str(k), str(c)): int(n)
+                for n, k, c in await conn.execute_fetchall(
+                    "SELECT id, scope_key, corpus FROM posting_lists"
+                )
+            }
+            clear, rows = postings.rows_for(due, lists)
+            await conn.executemany("DELETE FROM postings WHERE seq = ?", [(s,) for s in clear])
+            await conn.executemany(postings.INSERT_SQL, rows)
+            after = clear[-1]
+        if after:
+            await conn.execute("DELETE FROM postings_due")
 
     # Reads ---------------------------------------------------------------------------
 
