@@ -87,7 +87,7 @@ def score(
 # word-dense records. When the filters leave fewer than k, it reads deeper.
 
 REFERENCE_LENGTH = 32.0  # a memory's length in tokens, about: it orders a list only
-FIRST_DEPTH = 256  # postings read per word and list in the first round
+FIRST_DEPTH = 128  # postings read per word and list in the first round
 DEEPER = 4  # how much deeper each further round reads
 MOST_FINDERS = 8  # the rarest words of a query that find its candidates
 
