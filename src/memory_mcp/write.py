@@ -242,6 +242,12 @@ async def apply(
     record = draft.record
     # A duplicate stored under one of the project's aliases folds like any other.
     same_corpus = draft.same_corpus
+    exact = await exact_repeat(tx, draft)
+    if exact is None and vectors is None and embed_late is not None:
+        late = await embed_late(record.content)
+        vectors = late[0] if late else None
+    if vectors is not None and embedder is not None:
+        record.embedder = embedder
     result = StoreResult(
         id=record.id,
         action="inserted",
@@ -249,20 +255,10 @@ async def apply(
         scope=record.scope,
         scope_key=record.scope_key,
         redactions=draft.redactions,
-        embedded=vectors is not None and embedder is not None,
+        embedded=record.embedder is not None,
     )
-
-    exact = await exact_repeat(tx, draft)
     if exact is not None:
-        if vectors is not None and embedder is not None:
-            record.embedder = embedder
         return await _fold(tx, draft, exact, vectors, result, now, "exact repeat")
-    if vectors is None and embed_late is not None:
-        late = await embed_late(record.content)
-        vectors = late[0] if late else None
-        result = replace(result, embedded=vectors is not None and embedder is not None)
-    if vectors is not None and embedder is not None:
-        record.embedder = embedder
 
     if record.corpus == "journal":
         await _insert(tx, draft, vectors)

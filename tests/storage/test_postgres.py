@@ -416,3 +416,12 @@ async def test_doctor_finds_postings_out_of_step_and_makes_them_again(store: Any
     assert (await store.doctor(repair=True)).healthy
     assert all(c.ok for c in (await store.doctor()).checks)
     assert [s.record.id for s in await store.lexical("deploy note", FACTS, 10)][:1] == [ids[0]]
+
+
+async def test_the_sql_impact_is_bm25s(store: Any) -> None:
+    """m007's ``posting_impact`` spells ``bm25.impact`` in SQL: the lists order alike."""
+    from memory_mcp.storage.bm25 import impact
+
+    for tf, length in ((1.0, 1), (0.3, 8), (2.8, 32), (5.0, 400)):
+        rows = await store.fetch("SELECT posting_impact(%s, %s)", [tf, length])
+        assert float(rows[0][0]) == pytest.approx(impact(tf, length), rel=1e-12)

@@ -78,19 +78,16 @@ class Queries:
             terms = rarest(terms, counts)
         if not terms or not filters.scope_keys or k <= 0:
             return []
-        rows = await self.fetch(
-            "SELECT greatest(documents, 1), greatest(tokens, 1)::float8 / greatest(documents, 1) "
-            "FROM lexical_stats"
+        rows = await self.fetch(  # the collection's totals and the filters' lists, at once
+            "SELECT greatest(documents, 1), greatest(tokens, 1)::float8 / greatest(documents, 1), "
+            "ARRAY(SELECT id FROM posting_lists WHERE scope_key = ANY(%s) AND corpus = ANY(%s)) "
+            "FROM lexical_stats",
+            [list(filters.scope_keys), list(filters.corpora)],
         )
-        documents, length = (int(rows[0][0]), float(rows[0][1])) if rows else (1, 1.0)
+        documents, length, lists = (
+            (int(rows[0][0]), float(rows[0][1]), list(rows[0][2])) if rows else (1, 1.0, [])
+        )
         plan = TopPlan.of([stem(t) for t in terms], counts, documents)
-        lists = [
-            int(row[0])
-            for row in await self.fetch(
-                "SELECT id FROM posting_lists WHERE scope_key = ANY(%s) AND corpus = ANY(%s)",
-                [list(filters.scope_keys), list(filters.corpora)],
-            )
-        ]
         if not plan.finders or not lists:
             return []
         where, params = filters_sql(filters)

@@ -88,7 +88,20 @@ DUE_SQL = (
     "FROM postings_due d LEFT JOIN records r ON r.seq = d.seq "
     "WHERE d.seq > ? ORDER BY d.seq LIMIT 2000"
 )
+ADD_LIST_SQL = "INSERT OR IGNORE INTO posting_lists (scope_key, corpus) VALUES (?, ?)"
+LISTS_SQL = "SELECT id, scope_key, corpus FROM posting_lists"
+CLEAR_SQL = "DELETE FROM postings WHERE seq = ?"
 INSERT_SQL = "INSERT INTO postings (list, term, impact, seq, tf, dl) VALUES (?, ?, ?, ?, ?, ?)"
+
+
+def lists_wanted(due: Iterable[Sequence[Any]]) -> list[tuple[str, str]]:
+    """The (scope key, corpus) lists the current ones of queued rows go in."""
+    return sorted({(str(r[1]), str(r[2])) for r in due if r[3]})
+
+
+def list_numbers(rows: Iterable[Sequence[Any]]) -> dict[tuple[str, str], int]:
+    """The lists' numbers by (scope key, corpus), from ``LISTS_SQL``'s rows."""
+    return {(str(key), str(corpus)): int(number) for number, key, corpus in rows}
 
 
 def rows_for(
@@ -107,26 +120,16 @@ def rows_for(
 
 
 def index_due_sync(conn: sqlite3.Connection) -> None:
-    """Index the queued records, on a plain sqlite3 connection (migrations, doctor)."""
+    """Index the queued records on a plain sqlite3 connection (the migration); the
+    store's write transaction does the same on its own (``SqliteStore._index_due``)."""
     after = 0
     while due := conn.execute(DUE_SQL, [after]).fetchall():
-        lists = list_numbers_sync(conn, {(str(r[1]), str(r[2])) for r in due if r[3]})
-        clear, rows = rows_for(due, lists)
-        conn.executemany("DELETE FROM postings WHERE seq = ?", [(s,) for s in clear])
+        conn.executemany(ADD_LIST_SQL, lists_wanted(due))
+        clear, rows = rows_for(due, list_numbers(conn.execute(LISTS_SQL)))
+        conn.executemany(CLEAR_SQL, [(s,) for s in clear])
         conn.executemany(INSERT_SQL, rows)
         after = clear[-1]
     conn.execute("DELETE FROM postings_due")
-
-
-def list_numbers_sync(
-    conn: sqlite3.Connection, wanted: set[tuple[str, str]]
-) -> dict[tuple[str, str], int]:
-    for key in wanted:
-        conn.execute("INSERT OR IGNORE INTO posting_lists (scope_key, corpus) VALUES (?, ?)", key)
-    return {
-        (str(k), str(c)): int(n)
-        for n, k, c in conn.execute("SELECT id, scope_key, corpus FROM posting_lists")
-    }
 
 
 # Reading -------------------------------------------------------------------------------

@@ -207,18 +207,10 @@ class SqliteStore(VectorTables, UpkeepReads):
         """Make the postings of the records this transaction queued (``postings``)."""
         after = 0
         while due := list(await conn.execute_fetchall(postings.DUE_SQL, [after])):
-            wanted = {(str(r[1]), str(r[2])) for r in due if r[3]}
-            await conn.executemany(
-                "INSERT OR IGNORE INTO posting_lists (scope_key, corpus) VALUES (?, ?)", wanted
-            )
-            lists = {
-                (str(k), str(c)): int(n)
-                for n, k, c in await conn.execute_fetchall(
-                    "SELECT id, scope_key, corpus FROM posting_lists"
-                )
-            }
+            await conn.executemany(postings.ADD_LIST_SQL, postings.lists_wanted(due))
+            lists = postings.list_numbers(await conn.execute_fetchall(postings.LISTS_SQL))
             clear, rows = postings.rows_for(due, lists)
-            await conn.executemany("DELETE FROM postings WHERE seq = ?", [(s,) for s in clear])
+            await conn.executemany(postings.CLEAR_SQL, [(s,) for s in clear])
             await conn.executemany(postings.INSERT_SQL, rows)
             after = clear[-1]
         if after:
