@@ -54,6 +54,22 @@ async def test_a_tiny_perf_run_reports_every_figure() -> None:
     assert data["import_of_model"] == round(
         point.import_embedded_per_s / point.model_batch_per_s, 3
     )
+    assert point.index_wait_s is not None and point.index_wait_s >= 0
+    assert point.dense_recall_at_50 == 1.0  # a scope this small is scored whole
+
+
+@pytest.mark.sqlite_only
+async def test_perf_waits_for_the_clusters_and_measures_their_recall(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from memory_mcp.storage.sqlite import dense
+
+    monkeypatch.setattr(dense, "CLUSTER_FROM", 40)
+    monkeypatch.setattr(dense, "PROBES", 20)  # of about 55 clusters
+    report = await run_perf([600], Settings(), samples=5, embedder=FakeEmbedder())
+    (point,) = report.points
+    assert point.index_wait_s is not None
+    assert point.dense_recall_at_50 is not None and 0 < point.dense_recall_at_50 < 1
 
 
 @pytest.mark.sqlite_only  # bench perf keeps its SQLite files in the folder

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from memory_mcp.storage.sqlite import dense
 from memory_mcp.storage.sqlite.dense import _Segment
 
 pytestmark = pytest.mark.sqlite_only
@@ -32,3 +33,102 @@ def test_find_sees_appends_drops_and_rows_written_again() -> None:
     assert sorted(segment.rowid[found].tolist()) == [64, 65, 128]
     assert all(segment.rowid[found] >= 0)
     assert segment.find(np.array([], np.int64)).tolist() == []
+
+
+def _clustered_rows(count: int, dim: int, seed: int) -> np.ndarray:
+    """Unit vectors around 40 centres, as embeddings of a project's memories gather."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(40, dim))
+    rows = centres[rng.integers(0, 40, count)] + 0.35 * rng.normal(size=(count, dim))
+    return (rows / np.linalg.norm(rows, axis=1, keepdims=True)).astype(np.float32)
+
+
+def _fill(segment: _Segment, vectors: np.ndarray, first_seq: int) -> None:
+    n = len(vectors)
+    rowids = (np.arange(first_seq, first_seq + n, dtype=np.int64)) * dense.MAX_PASSAGES
+    segment.append(rowids, np.zeros(n, np.int16), np.zeros(n, np.int16), vectors)
+
+
+def _clustered_segment(
+    monkeypatch: pytest.MonkeyPatch, rows: int, probes: int, seed: int
+) -> _Segment:
+    """A segment of ``rows`` clustered rows, clustered, whose searches score ``probes``."""
+    monkeypatch.setattr(dense, "CLUSTER_FROM", 1000)
+    monkeypatch.setattr(dense, "PROBES", probes)
+    segment = _Segment(24)
+    _fill(segment, _clustered_rows(rows, 24, seed=seed), first_seq=1)
+    assert segment.probe(np.ones(24, np.float32) / np.sqrt(24)) is None  # not clustered yet
+    _clustered(segment)
+    return segment
+
+
+def _clustered(segment: _Segment) -> None:
+    assert segment.wants_clusters
+    segment.start_clustering()
+    job = segment._clustering
+    assert job is not None
+    job.thread.join(60)
+    assert segment.settle() is False and segment.centroids is not None
+
+
+def test_a_clustered_segment_scores_a_few_clusters_and_finds_the_exact_top(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    segment = _clustered_segment(monkeypatch, 4000, probes=8, seed=1)
+    cells = segment.cell[: segment.size]
+    assert (np.diff(cells) >= 0).all() and cells.max() < segment.clusters  # ordered, no tail
+    assert segment.clusters == round(dense._CLUSTERS_PER_ROOT * np.sqrt(4000))
+
+    queries = _clustered_rows(50, 24, seed=2)
+    recall = []
+    for query in queries:
+        probed = segment.probe(query)
+        assert probed is not None
+        positions, sims = probed
+        assert len(positions) < segment.size / 4  # a few clusters, not every row
+        exact = segment.cosines(query)
+        assert np.allclose(sims, exact[positions], atol=1e-6)  # the same cosines
+        truth = set(np.argsort(-exact)[:20].tolist())
+        found = set(positions[np.argsort(-sims)[:20]].tolist())
+        recall.append(len(truth & found) / 20)
+    assert np.mean(recall) >= 0.95
+
+
+def test_rows_written_after_the_clustering_are_scored_in_the_tail(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    segment = _clustered_segment(monkeypatch, 3000, probes=4, seed=3)
+    fresh = _clustered_rows(5, 24, seed=4)
+    _fill(segment, fresh, first_seq=10_000)
+    for n, query in enumerate(fresh):
+        probed = segment.probe(query)
+        assert probed is not None
+        positions, sims = probed
+        best = positions[int(np.argmax(sims))]
+        assert int(segment.rowid[best]) == (10_000 + n) * dense.MAX_PASSAGES
+    # a tenth of the rows in the tail asks for another clustering
+    assert not segment.wants_clusters
+    _fill(segment, _clustered_rows(400, 24, seed=5), first_seq=20_000)
+    assert segment.wants_clusters
+
+
+def test_records_written_again_while_clustering_go_to_the_tail(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(dense, "CLUSTER_FROM", 1000)
+    segment = _Segment(24)
+    vectors = _clustered_rows(2000, 24, seed=6)
+    _fill(segment, vectors, first_seq=1)
+    segment.start_clustering()
+    # record 7 changes while the thread runs: dropped, then its new row appended
+    segment.drop(np.array([7]))
+    moved = -vectors[6]
+    _fill(segment, moved[None, :], first_seq=7)
+    job = segment._clustering
+    assert job is not None
+    job.thread.join(60)
+    segment.settle()
+    at = segment.find(np.array([7 * dense.MAX_PASSAGES]))
+    assert len(at) == 1 and segment.cell[at[0]] == segment.clusters  # in the tail
+    assert np.allclose(segment.cosines(moved)[at[0]], 1.0, atol=0.02)
+    assert segment.size == 2000 and (segment.rowid[: segment.size] >= 0).all()

@@ -464,3 +464,37 @@ async def test_a_filter_few_records_pass_is_applied_to_the_rows_at_once(
         assert [h.record.id for h in hits] == [rows[-2].id, rows[-1].id]
     finally:
         await store.close()
+
+
+async def test_a_clustered_scope_answers_from_its_nearest_clusters_and_falls_back_for_filters(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(dense, "CLUSTER_FROM", 200)
+    monkeypatch.setattr(dense, "PROBES", 6)
+    rng = np.random.default_rng(8)
+    centres = rng.normal(size=(12, 16))
+    vectors = centres[np.arange(600) % 12] + 0.2 * rng.normal(size=(600, 16))
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    query = vectors[5] / np.linalg.norm(vectors[5])
+    rows = [fact(f"fact {i}", embedder="m") for i in range(600)]
+    far = [i for i in range(600) if float(vectors[i] @ query) < -0.3][:2]
+    for i in far:
+        rows[i].tags = ["rare"]
+    store = await SqliteStore.open(tmp_path / "m.db")
+    try:
+        async with store.write() as tx:
+            for r, v in zip(rows, vectors, strict=True):
+                await tx.insert(r, v.astype(np.float32)[None, :])
+        assert await store.load_vectors("m", ["/repo"], settle=60)
+        segment = next(iter(store._copies.values()))._segments["/repo"]
+        assert segment.clusters > 30  # the search scores 6 clusters of many
+        hits = await store.nearest(query.astype(np.float32), "m", FILTERS, 5)
+        held = segment.cosines(query.astype(np.float32))[: segment.size]  # every row
+        seqs = segment.rowid[: segment.size][np.argsort(-held)[:5]] // dense.MAX_PASSAGES
+        seq_of = dict(await store.reads.fetch("SELECT id, seq FROM records"))
+        assert [seq_of[h.record.id] for h in hits] == seqs.tolist()
+        tagged = Filters(scope_keys=("/repo",), corpora=("facts",), tags=("rare",))
+        hits = await store.nearest(query.astype(np.float32), "m", tagged, 5)
+        assert len(far) == 2 and {h.record.id for h in hits} == {rows[i].id for i in far}
+    finally:
+        await store.close()

@@ -356,6 +356,8 @@ def bench_perf(
         "deferred/store",
         "model batch/s",
         "import/model",
+        "index wait",
+        "dense recall@50",
     )
     rows = [
         [
@@ -376,6 +378,8 @@ def bench_perf(
             "-" if point.deferred_ms is None else f"{point.deferred_ms} ms",
             "-" if point.model_batch_per_s is None else f"{point.model_batch_per_s:,.0f}",
             _share(point.ratios["import_of_model"]),
+            "-" if point.index_wait_s is None else f"{point.index_wait_s} s",
+            "-" if point.dense_recall_at_50 is None else f"{point.dense_recall_at_50:.3f}",
         ]
         for point in result.points
     ]

@@ -244,6 +244,12 @@ class PerfPoint:
     # Memories a second the model embeds in one batched pass over the passages of
     # imported memories (up to ``_BATCH_SAMPLE`` of them), in this run.
     model_batch_per_s: float | None = None
+    # Seconds the run waited, before the timed operations, for the index the backend
+    # builds over the vectors in the background (SQLite: the scope's clusters).
+    index_wait_s: float | None = None
+    # The share of the exact 50 nearest records (every vector scored) that the
+    # approximate search returns, over the search queries and stored texts.
+    dense_recall_at_50: float | None = None
 
     @property
     def ratios(self) -> dict[str, float | None]:
@@ -411,6 +417,7 @@ async def measure(
         fresh = generate(count + samples * 3, seed=count)[count:]
     else:  # others than earlier runs stored, lest they fold as exact repeats
         fresh = generate(samples + 5, seed=count + 104_729 * filled.runs)
+    index_wait_s = await _settle_index(memory, root)
     say(f"{count:,}: store", 0, 1)
     store_ms: list[float] = []
     for n, (kind, text, tags) in enumerate(fresh[: samples + 5]):
@@ -463,6 +470,9 @@ async def measure(
             if n >= 5:
                 embed_ms.append((time.perf_counter() - started) * 1000)
     model_batch_per_s = await _model_batch_rate(memory, count)
+    say(f"{count:,}: dense recall", 0, 1)
+    unseen = generate(samples, seed=count * 31 + 7)  # memories like the stored, not stored
+    recall = await _dense_recall(memory, root, [q for q, *_ in queries], unseen)
 
     say(f"{count:,}: brief", 0, 1)
     brief_ms: list[float] = []
@@ -492,6 +502,8 @@ async def measure(
         embed_one_ms=round(statistics.median(embed_ms), 2) if embed_ms else None,
         deferred_ms=None if deferred_ms is None else round(deferred_ms, 2),
         model_batch_per_s=model_batch_per_s,
+        index_wait_s=index_wait_s,
+        dense_recall_at_50=recall,
     )
 
 
@@ -514,6 +526,52 @@ async def _model_batch_rate(memory: MemoryService, count: int) -> float | None:
     if await engine.embeddings.embed(passages) is None:
         return None
     return round(len(texts) / (time.perf_counter() - started), 1)
+
+
+async def _settle_index(memory: MemoryService, root: Path) -> float | None:
+    """Load the project's vectors and wait for the backend's index over them (seconds
+    waited), so that the timed operations meet the index they will run on."""
+    identity = memory.engine.embeddings.identity
+    if identity is None:
+        return None
+    started = time.perf_counter()
+    keys = await memory.engine.scope_keys("all", root)
+    if not await memory.engine.store.load_vectors(identity, keys, settle=1800):
+        raise RuntimeError("the vector index was still being built after 30 minutes")
+    return round(time.perf_counter() - started, 2)
+
+
+_RECALL_K = 50
+
+
+async def _dense_recall(
+    memory: MemoryService,
+    root: Path,
+    queries: Sequence[str],
+    memories: Sequence[tuple[str, str, Sequence[str]]],
+) -> float | None:
+    """The mean share of the exact ``_RECALL_K`` nearest records that ``nearest``
+    returns, for each query (with each area) and each memory text (what a store
+    looks for its neighbours with)."""
+    engine = memory.engine
+    identity = engine.embeddings.identity
+    if identity is None:
+        return None
+    texts = [f"{q} {area}" for q in queries for area in _AREAS] + [t for _, t, _ in memories]
+    vectors = await engine.embeddings.embed(texts)
+    if vectors is None:
+        return None
+    keys = await engine.scope_keys("all", root)
+    filters = Filters(scope_keys=tuple(keys), corpora=("facts",))
+    shares: list[float] = []
+    for vector in vectors:
+        exact = await engine.store.nearest(vector, identity, filters, _RECALL_K, exact=True)
+        if not exact:
+            continue
+        found = await engine.store.nearest(vector, identity, filters, _RECALL_K)
+        truth = {s.record.id for s in exact}
+        shares.append(len(truth & {s.record.id for s in found}) / len(truth))
+    return round(statistics.mean(shares), 4) if shares else None
 
 
 FILL_FILE = "fill.json"

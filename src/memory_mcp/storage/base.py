@@ -163,9 +163,13 @@ class Neighbours(Protocol):
     """The reads that find a record's nearest records (the write path and the sweep)."""
 
     async def nearest(
-        self, vector: Vector, embedder: str, filters: Filters, k: int
+        self, vector: Vector, embedder: str, filters: Filters, k: int, *, exact: bool = False
     ) -> list[Scored]:
-        """Current records nearest ``vector`` (best passage), filters applied before ``k``."""
+        """Current records nearest ``vector`` (best passage), filters applied before ``k``.
+
+        ``exact``: score every vector instead of asking the backend's approximate
+        index (a benchmark's reference for that index's recall).
+        """
         ...
 
     async def lexical(
@@ -195,8 +199,14 @@ class SearchBranches(Neighbours, Protocol):
         """A current record's passage vectors from ``embedder`` (whole text first)."""
         ...
 
-    async def load_vectors(self, embedder: str, scope_keys: Collection[str]) -> None:
-        """Warm whatever the backend keeps to answer ``nearest`` for these scopes."""
+    async def load_vectors(
+        self, embedder: str, scope_keys: Collection[str], *, settle: float = 0.0
+    ) -> bool:
+        """Warm whatever the backend keeps to answer ``nearest`` for these scopes.
+
+        ``settle``: wait up to as many seconds for any index the backend builds
+        in the background for them; False if one is still being built then.
+        """
         ...
 
     def forget_word_counts(self) -> None:

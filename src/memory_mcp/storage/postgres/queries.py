@@ -110,9 +110,10 @@ class Queries:
         return {str(term): int(n) for term, n in rows if n}
 
     async def nearest(
-        self, vector: Vector, embedder: str, filters: Filters, k: int
+        self, vector: Vector, embedder: str, filters: Filters, k: int, *, exact: bool = False
     ) -> list[Scored]:
-        """The ``k`` current records nearest ``vector`` (best passage), filters before ``k``."""
+        """The ``k`` current records nearest ``vector`` (best passage), filters before ``k``;
+        from the HNSW index unless ``exact`` (then by the exact scan below)."""
         space = await self._store.space(self, embedder)
         if space is None or not filters.scope_keys or k <= 0:
             return []
@@ -120,7 +121,7 @@ class Queries:
         where, params = filters_sql(filters)
         query = _unit(vector)
         depth = max(k * _FIRST_DEPTH, _MIN_DEPTH)
-        while True:
+        while not exact:
             rows = await self.fetch(
                 f"WITH near AS MATERIALIZED (SELECT v.seq, "
                 f"v.embedding::vector({dim}) <=> %s::vector({dim}) AS d FROM vectors v "

@@ -286,8 +286,11 @@ class PgStore(UpkeepReads, Queries):
                 made.append(f"vectors_space_{number}")
         return made
 
-    async def load_vectors(self, embedder: str, scope_keys: Collection[str]) -> None:
+    async def load_vectors(
+        self, embedder: str, scope_keys: Collection[str], *, settle: float = 0.0
+    ) -> bool:
         """Nothing to warm: the HNSW index lives in the database."""
+        return True
 
     # Reads ---------------------------------------------------------------------------
 

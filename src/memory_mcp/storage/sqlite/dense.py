@@ -20,12 +20,24 @@ seen; an entry means "drop what you hold of this record, then read what it has
 now", so applying one twice, or after a load that already saw the change, does
 no harm. An index that has fallen far behind (the log is pruned to its last
 50,000 entries) starts again from the chunk tables.
+
+A scope of ``CLUSTER_FROM`` rows or more is clustered (spherical k-means, about
+1.55 * sqrt(rows) clusters, in a background thread) and its rows ordered by
+cluster, so that a search scores the rows of the ``PROBES`` clusters nearest to
+the query, plus the rows written since (the tail), instead of every row: 1.9 ms
+instead of 29 ms over the 435,806 rows of a 200,000-memory project, with 0.99
+of the exact top 50 records (``bench perf`` prints the recall it measures). A
+search whose filters leave fewer than it asked for among those rows scores
+every row. The clusters are made again once the tail holds a tenth of the
+rows; until a clustering lands, searches score every row.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
+import threading
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any
 
@@ -48,6 +60,13 @@ _SUPPORTED_LAYOUT = ("0", "1")  # sqlite-vec major, minor of the chunk tables re
 
 
 _LOAD_ATTEMPTS = 3  # loads that writes of other connections may spoil in a row
+
+CLUSTER_FROM = 20_000  # rows of a scope from which its searches probe clusters
+PROBES = 48  # clusters a search scores: 0.99 of the exact top 50 at 108k and 436k rows
+_CLUSTERS_PER_ROOT = 1.55  # clusters per square root of the rows (512 at 108k rows)
+_TAIL_SHARE = 0.1  # rows written since the clustering, as a share, that start another
+_SAMPLE_PER_CLUSTER = 48  # rows k-means trains on, per cluster
+_ROUNDS = 8  # k-means rounds
 
 
 class LayoutError(Exception):
@@ -81,6 +100,12 @@ class _Segment:
         self.rowid = np.zeros(0, np.int64)  # -1: a dropped row
         self.corpus = np.zeros(0, np.int16)
         self.kind = np.zeros(0, np.int16)
+        # Clusters: each row's cluster (``len(centroids)`` for the tail: rows
+        # written since the clustering), rows ordered by it up to the tail.
+        self.cell = np.zeros(0, np.int32)
+        self.centroids: npt.NDArray[np.float32] | None = None
+        self._starts: npt.NDArray[np.int64] | None = None
+        self._clustering: _Clustering | None = None
         # Rows by rowid (positions, and their rowids in ascending order), for
         # ``find``; made again after any change.
         self._by_rowid: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]] | None = None
@@ -124,6 +149,7 @@ class _Segment:
         self.rowid[self.size : end] = rowids
         self.corpus[self.size : end] = corpus
         self.kind[self.size : end] = kind
+        self.cell[self.size : end] = self.clusters
         self.size = end
         self._by_rowid = None
 
@@ -131,13 +157,18 @@ class _Segment:
         """Keep the live rows only, in arrays of ``capacity`` rows."""
         live = np.flatnonzero(self.rowid[: self.size] >= 0)
         capacity = max(capacity, len(live))
-        for name in ("codes", "scale", "rowid", "corpus", "kind"):
+        self._rebuild(live, capacity)
+
+    def _rebuild(self, order: npt.NDArray[np.int64], capacity: int) -> None:
+        """Keep rows ``order`` (positions), in that order, in arrays of ``capacity`` rows."""
+        for name in ("codes", "scale", "rowid", "corpus", "kind", "cell"):
             old = getattr(self, name)
             new = np.zeros((capacity, *old.shape[1:]), old.dtype)
-            new[: len(live)] = old[live]
+            new[: len(order)] = old[order]
             setattr(self, name, new)
-        self.size, self.dead = len(live), 0
+        self.size, self.dead = len(order), 0
         self._by_rowid = None
+        self._starts = None
 
     def drop(self, seqs: npt.NDArray[np.int64]) -> None:
         """Forget the rows of these records."""
@@ -145,6 +176,8 @@ class _Segment:
         gone = np.isin(rowid // MAX_PASSAGES, seqs) & (rowid >= 0)
         hits = int(gone.sum())
         if hits:
+            if self._clustering is not None:
+                self._clustering.dropped.append(seqs.copy())
             rowid[gone] = -1
             self._by_rowid = None
             self.dead += hits
@@ -153,19 +186,167 @@ class _Segment:
 
     def cosines(self, query: Vector) -> Vector:
         """The cosine of every row with the unit vector ``query`` (dropped rows too)."""
-        out = np.empty(self.size, np.float32)
+        return self._score(query, [(0, self.size)])
+
+    def probe(self, query: Vector) -> tuple[npt.NDArray[np.int64], Vector] | None:
+        """The positions and cosines of the rows in the ``PROBES`` clusters nearest to
+        ``query``, and of the tail; None: the segment is not clustered."""
+        if self.centroids is None:
+            return None
+        starts = self.starts
+        clusters = len(self.centroids)
+        near = np.arange(clusters)
+        if clusters > PROBES:
+            near = np.argpartition(-(self.centroids @ query), PROBES)[:PROBES]
+        spans = [(int(starts[c]), int(starts[c + 1])) for c in np.sort(near)]
+        spans.append((int(starts[clusters]), self.size))
+        spans = [(a, b) for a, b in spans if b > a]
+        positions = np.concatenate(
+            [np.arange(a, b, dtype=np.int64) for a, b in spans] or [np.zeros(0, np.int64)]
+        )
+        return positions, self._score(query, spans)
+
+    def _score(self, query: Vector, spans: Sequence[tuple[int, int]]) -> Vector:
+        """The cosines of the rows of these position spans, in order, with ``query``."""
+        out = np.empty(sum(b - a for a, b in spans), np.float32)
         block = np.empty((BLOCK, self.dim), np.float32)
-        for start in range(0, self.size, BLOCK):
-            stop = min(self.size, start + BLOCK)
-            part = block[: stop - start]
-            np.copyto(part, self.codes[start:stop], casting="unsafe")
-            np.matmul(part, query, out=out[start:stop])
-        out *= self.scale[: self.size]
+        at = 0
+        for first, last in spans:
+            for start in range(first, last, BLOCK):
+                stop = min(last, start + BLOCK)
+                part = block[: stop - start]
+                np.copyto(part, self.codes[start:stop], casting="unsafe")
+                np.matmul(part, query, out=out[at : at + stop - start])
+                out[at : at + stop - start] *= self.scale[start:stop]
+                at += stop - start
         return out
+
+    # Clusters ----------------------------------------------------------------------
+
+    @property
+    def clusters(self) -> int:
+        """The number of clusters (0: not clustered), which is also the tail's cell."""
+        return 0 if self.centroids is None else len(self.centroids)
+
+    @property
+    def starts(self) -> npt.NDArray[np.int64]:
+        """Where each cluster's rows start, and (last) where the tail starts."""
+        if self._starts is None:
+            bounds = np.arange(self.clusters + 1, dtype=np.int32)
+            self._starts = np.searchsorted(self.cell[: self.size], bounds).astype(np.int64)
+        return self._starts
+
+    @property
+    def wants_clusters(self) -> bool:
+        """Whether a (new) clustering would pay: many rows, and a long tail if clustered."""
+        live = self.size - self.dead
+        if live < CLUSTER_FROM or self._clustering is not None:
+            return False
+        if self.centroids is None:
+            return True
+        return self.size - int(self.starts[self.clusters]) > _TAIL_SHARE * live
+
+    def start_clustering(self) -> None:
+        """Cluster the rows held now, in a background thread (``settle`` installs it)."""
+        live = np.flatnonzero(self.rowid[: self.size] >= 0)
+        job = _Clustering(self.codes, live, self.rowid[live].copy())
+        self._clustering = job
+        job.thread.start()
+
+    def settle(self) -> bool:
+        """Install a finished clustering; True if one is still running."""
+        job = self._clustering
+        if job is None:
+            return False
+        if job.thread.is_alive():
+            return True
+        self._clustering = None
+        if job.result is None:  # it failed (logged); a later search tries again
+            return False
+        centroids, rowids, cells = job.result
+        rowid = self.rowid[: self.size]
+        order = np.argsort(rowids)
+        keys, cells = rowids[order], cells[order]
+        at = np.minimum(np.searchsorted(keys, rowid), len(keys) - 1)
+        known = (keys[at] == rowid) & (rowid >= 0)
+        if job.dropped:  # rows written again since: their clusters may have changed
+            known &= ~np.isin(rowid // MAX_PASSAGES, np.concatenate(job.dropped))
+        cell = np.where(known, cells[at], len(centroids)).astype(np.int32)
+        self.cell[: self.size] = cell
+        self.centroids = centroids
+        live = np.flatnonzero(rowid >= 0)
+        self._rebuild(live[np.argsort(cell[live], kind="stable")], len(self.rowid))
+        return False
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in (self.codes, self.scale, self.rowid, self.corpus, self.kind))
+        extra = 0 if self.centroids is None else self.centroids.nbytes
+        arrays = (self.codes, self.scale, self.rowid, self.corpus, self.kind, self.cell)
+        return extra + sum(a.nbytes for a in arrays)
+
+
+class _Clustering:
+    """Spherical k-means over a segment's rows, in a daemon thread (numpy releases the
+    GIL in its matrix products, so searches go on meanwhile)."""
+
+    def __init__(
+        self,
+        codes: npt.NDArray[np.int8],
+        positions: npt.NDArray[np.int64],
+        rowids: npt.NDArray[np.int64],
+    ) -> None:
+        self._codes = codes  # rows ``positions`` are never written again in this array
+        self._positions = positions
+        self.rowids = rowids
+        self.dropped: list[npt.NDArray[np.int64]] = []  # records dropped meanwhile
+        self.result: tuple[Vector, npt.NDArray[np.int64], npt.NDArray[np.int32]] | None = None
+        self.thread = threading.Thread(target=self._run, name="vector-clusters", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self.result = cluster(self._codes, self._positions, self.rowids)
+        except Exception:
+            log.warning("could not cluster the vectors of a scope", exc_info=True)
+        finally:
+            self._codes = np.zeros((0, 0), np.int8)
+
+
+def cluster(
+    codes: npt.NDArray[np.int8], positions: npt.NDArray[np.int64], rowids: npt.NDArray[np.int64]
+) -> tuple[Vector, npt.NDArray[np.int64], npt.NDArray[np.int32]]:
+    """Centroids (unit rows) of these rows of ``codes``, and each row's nearest.
+
+    The clusters number about ``_CLUSTERS_PER_ROOT`` * sqrt(rows); k-means trains
+    on a sample of ``_SAMPLE_PER_CLUSTER`` rows per cluster for ``_ROUNDS`` rounds
+    (the cosine ignores the rows' scales, so the codes serve as they are), then
+    every row goes to its nearest centroid. Seeded, so that it is repeatable.
+    """
+    rng = np.random.default_rng(len(positions))
+    count = len(positions)
+    clusters = max(1, min(count, round(_CLUSTERS_PER_ROOT * math.sqrt(count))))
+    picked = np.sort(rng.choice(count, min(count, clusters * _SAMPLE_PER_CLUSTER), replace=False))
+    sample = _units(codes[positions[picked]])
+    centroids = sample[rng.choice(len(sample), clusters, replace=False)]
+    for _ in range(_ROUNDS):
+        nearest = np.argmax(sample @ centroids.T, axis=1)
+        sums = np.zeros_like(centroids)
+        np.add.at(sums, nearest, sample)
+        empty = np.bincount(nearest, minlength=clusters) == 0
+        sums[empty] = sample[rng.choice(len(sample), int(empty.sum()))]
+        centroids = _units(sums)
+    cells = np.empty(count, np.int32)
+    for start in range(0, count, 8 * BLOCK):
+        part = codes[positions[start : start + 8 * BLOCK]].astype(np.float32)
+        cells[start : start + len(part)] = np.argmax(part @ centroids.T, axis=1)
+    return centroids, rowids, cells
+
+
+def _units(rows: npt.NDArray[np.int8] | Vector) -> Vector:
+    """The rows as float32 unit vectors (zero rows stay zero)."""
+    out: Vector = np.array(rows, np.float32)
+    norms = np.linalg.norm(out, axis=1, keepdims=True)
+    np.divide(out, norms, out=out, where=norms > 0)
+    return out
 
 
 class DenseIndex:
@@ -213,6 +394,31 @@ class DenseIndex:
                     if attempt == _LOAD_ATTEMPTS - 1:
                         raise Moved(str(exc)) from exc
                     await self._catch_up(fetch)
+        self._keep_clustered(scope_keys)
+
+    def _keep_clustered(self, scope_keys: Collection[str]) -> None:
+        """Install the clusterings that finished; start those that would pay."""
+        for key in scope_keys:
+            segment = self._segments.get(key)
+            if segment is not None and not segment.settle() and segment.wants_clusters:
+                segment.start_clustering()
+
+    async def settle(self, scope_keys: Collection[str], seconds: float) -> bool:
+        """Wait up to ``seconds`` for these scopes' clusterings (hold ``lock``);
+        True if none is still running."""
+        deadline = anyio.current_time() + seconds
+        for key in scope_keys:
+            segment = self._segments.get(key)
+            job = None if segment is None else segment._clustering
+            if job is not None:
+                left = max(0.0, deadline - anyio.current_time())
+                await anyio.to_thread.run_sync(job.thread.join, left)
+        self._keep_clustered(scope_keys)
+        return not any(
+            s._clustering is not None
+            for k in scope_keys
+            if (s := self._segments.get(k)) is not None
+        )
 
     async def _written_since(self, fetch: Fetch) -> bool:
         """Whether vectors were written since ``position``."""
@@ -360,27 +566,38 @@ class DenseIndex:
         scope_keys: Collection[str],
         corpora: Collection[str],
         kinds: Collection[str],
-    ) -> tuple[npt.NDArray[np.int64], Vector]:
-        """The rowids and cosines of every row in these scopes, corpora and kinds."""
+        *,
+        exact: bool = True,
+    ) -> tuple[npt.NDArray[np.int64], Vector, bool]:
+        """The rowids and cosines of the rows in these scopes, corpora and kinds: every
+        row if ``exact``, else those of the clusters nearest ``query`` in clustered
+        scopes. The flag says whether every row was scored."""
         unit = _unit(query)
         corpus_ok = self._allowed(corpora)
         kind_ok = self._allowed(kinds) if kinds else None
         all_ids: list[npt.NDArray[np.int64]] = []
         all_sims: list[Vector] = []
+        every = True
         for key in scope_keys:
             segment = self._segments.get(key)
             if segment is None or not segment.size:
                 continue
-            sims = segment.cosines(unit)
-            rowid = segment.rowid[: segment.size]
-            keep = (rowid >= 0) & corpus_ok[segment.corpus[: segment.size]]
+            probed = None if exact else segment.probe(unit)
+            if probed is None:
+                at: npt.NDArray[np.int64] | slice = slice(0, segment.size)
+                sims = segment.cosines(unit)
+            else:
+                at, sims = probed
+                every = False
+            rowid = segment.rowid[at]
+            keep = (rowid >= 0) & corpus_ok[segment.corpus[at]]
             if kind_ok is not None:
-                keep &= kind_ok[segment.kind[: segment.size]]
+                keep &= kind_ok[segment.kind[at]]
             all_ids.append(rowid[keep])
             all_sims.append(sims[keep])
         if not all_ids:
-            return np.zeros(0, np.int64), np.zeros(0, np.float32)
-        return np.concatenate(all_ids), np.concatenate(all_sims)
+            return np.zeros(0, np.int64), np.zeros(0, np.float32), True
+        return np.concatenate(all_ids), np.concatenate(all_sims), every
 
     def _allowed(self, names: Collection[str]) -> npt.NDArray[np.bool_]:
         """A lookup table: which corpus or kind codes are among ``names``."""

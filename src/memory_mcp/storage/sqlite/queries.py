@@ -144,7 +144,7 @@ class Queries:
         return kept
 
     async def nearest(
-        self, vector: Vector, embedder: str, filters: Filters, k: int
+        self, vector: Vector, embedder: str, filters: Filters, k: int, *, exact: bool = False
     ) -> list[Scored]:
         """The ``k`` records nearest to ``vector``, best first.
 
@@ -154,18 +154,21 @@ class Queries:
         that they act before the limit. Stopping once ``k`` records pass loses
         nothing: a record's first row in the list is its best passage.
 
-        The rows come from the in-memory copy of the vector table (``dense``),
-        or from vec0's own k-nearest search when there is none.
+        The rows come from the in-memory copy of the vector table (``dense``):
+        those of a clustered scope's nearest clusters unless ``exact``, then
+        every row if too few of those pass the filters. Without a copy, from
+        vec0's own k-nearest search (exact).
         """
         import numpy as np
 
         table = await self._store._vector_table(self._conn, embedder)
         if table is None or not filters.scope_keys:
             return []
-        ranked = await self._store._rank(table, embedder, vector, filters)
+        ranked = await self._store._rank(table, embedder, vector, filters, exact=exact)
         if ranked is None:
             return await self._nearest_vec0(table, vector, filters, k)
-        rowids, sims = await self._with_own_writes(table, embedder, vector, filters, *ranked)
+        rowids, sims, every = ranked
+        rowids, sims = await self._with_own_writes(table, embedder, vector, filters, rowids, sims)
         where, params = filters_sql(filters)
         depth = max(k * _FIRST_DEPTH, 32)
         while True:
@@ -178,6 +181,17 @@ class Queries:
                 seq = owner_of(rowid)
                 best[seq] = max(best.get(seq, -1.0), similarity)
             scored = await self._records_by_seq(best, filters)
+            if len(scored) < k and top is None and not every:
+                # the nearest clusters hold too few that pass the filters: every row
+                ranked = await self._store._rank(table, embedder, vector, filters, exact=True)
+                if ranked is None:
+                    return await self._nearest_vec0(table, vector, filters, k)
+                rowids, sims, every = ranked
+                rowids, sims = await self._with_own_writes(
+                    table, embedder, vector, filters, rowids, sims
+                )
+                depth = max(k * _FIRST_DEPTH, 32)
+                continue
             if len(scored) >= k or top is None:
                 scored.sort(key=lambda s: -s.score)
                 return scored[:k]

@@ -224,9 +224,9 @@ class SqliteStore(VectorTables, UpkeepReads):
         return await self.reads.lexical(text, filters, k, rare_words=rare_words)
 
     async def nearest(
-        self, vector: Vector, embedder: str, filters: Filters, k: int
+        self, vector: Vector, embedder: str, filters: Filters, k: int, *, exact: bool = False
     ) -> list[Scored]:
-        return await self.reads.nearest(vector, embedder, filters, k)
+        return await self.reads.nearest(vector, embedder, filters, k, exact=exact)
 
     async def dense_scores(
         self, vector: Vector, embedder: str, record_ids: Sequence[str]

@@ -9,6 +9,7 @@ processes catch up.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from collections.abc import AsyncIterator, Collection, Sequence
@@ -127,16 +128,23 @@ class VectorTables:
             return False
         return True
 
-    async def load_vectors(self, embedder: str, scope_keys: Collection[str]) -> None:
+    async def load_vectors(
+        self, embedder: str, scope_keys: Collection[str], *, settle: float = 0.0
+    ) -> bool:
         """Bring the in-memory copy of these scopes' vectors up to date (a no-op without one).
 
         A store calls this before its write transaction, so that loading a
         scope (0.35 s at 50,000 memories) does not hold every process's writes.
+        ``settle``: wait up to as many seconds for the scopes' clusterings
+        (``dense``); False if one is still running then.
         """
         table = await self._vector_table(self._reader, embedder)
-        if table is not None:
-            async with self._ready_copy(table, embedder, scope_keys):
-                pass
+        if table is None:
+            return True
+        async with self._ready_copy(table, embedder, scope_keys) as index:
+            if index is None or settle <= 0:
+                return True
+            return await index.settle(scope_keys, settle)
 
     @asynccontextmanager
     async def _ready_copy(
@@ -151,14 +159,23 @@ class VectorTables:
             yield index if await self._prepared(index, scope_keys) else None
 
     async def _rank(
-        self, table: str, embedder: str, vector: Vector, filters: Filters
-    ) -> tuple[npt.NDArray[np.int64], Vector] | None:
-        """Every row of the filters' scopes, corpora and kinds with its cosine (None: no copy)."""
+        self, table: str, embedder: str, vector: Vector, filters: Filters, *, exact: bool
+    ) -> tuple[npt.NDArray[np.int64], Vector, bool] | None:
+        """The rows of the filters' scopes, corpora and kinds with their cosines (every
+        row, or the nearest clusters' unless ``exact``: ``DenseIndex.rank``); None:
+        no copy."""
         async with self._ready_copy(table, embedder, filters.scope_keys) as index:
             if index is None:
                 return None
             return await anyio.to_thread.run_sync(
-                index.rank, vector, filters.scope_keys, filters.corpora, filters.kinds
+                functools.partial(
+                    index.rank,
+                    vector,
+                    filters.scope_keys,
+                    filters.corpora,
+                    filters.kinds,
+                    exact=exact,
+                )
             )
 
     async def _cosines(
