@@ -73,6 +73,19 @@ async def test_perf_waits_for_the_clusters_and_measures_their_recall(
 
 
 @pytest.mark.sqlite_only  # bench perf keeps its SQLite files in the folder
+async def test_a_kept_store_copied_elsewhere_is_refused(tmp_path: Path) -> None:
+    """Its project is named by its old path: measured here, it would be all but empty."""
+    import shutil
+
+    from memory_mcp.errors import InvalidInput
+
+    await run_perf([30], Settings(), samples=5, embedder=FakeEmbedder(), keep=tmp_path / "a")
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    with pytest.raises(InvalidInput, match="was the folder moved or copied"):
+        await run_perf([30], Settings(), samples=5, embedder=FakeEmbedder(), keep=tmp_path / "b")
+
+
+@pytest.mark.sqlite_only  # bench perf keeps its SQLite files in the folder
 async def test_a_kept_store_is_measured_again_without_refilling(tmp_path: Path) -> None:
     first = await run_perf([30], Settings(), samples=5, embedder=FakeEmbedder(), keep=tmp_path)
     again = await run_perf([30], Settings(), samples=5, embedder=FakeEmbedder(), keep=tmp_path)

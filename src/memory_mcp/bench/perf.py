@@ -392,6 +392,19 @@ async def fill(
     return state
 
 
+async def _refuse_moved(memory: MemoryService, root: Path, filled: Fill) -> None:
+    """Raise if a kept store's project, where it is now, holds few of the memories its
+    fill wrote: projects are named by their paths, so a store moved or copied
+    elsewhere would be measured on an all but empty project."""
+    held = await memory.engine.store.count_unarchived(project_scope(root).key)
+    if held < filled.memories // 2:
+        raise InvalidInput(
+            f"the project at {root} holds {held:,} memories, not the {filled.memories:,} "
+            "its fill wrote: was the folder moved or copied? A kept store is measured "
+            "where it was filled"
+        )
+
+
 async def _refuse_partial(memory: MemoryService, root: Path) -> None:
     """Raise if a project that is about to be imported already has records."""
     filters = Filters(scope_keys=(project_scope(root).key,), corpora=("facts", "journal", "docs"))
@@ -647,6 +660,8 @@ async def run_perf(
                     await memory.engine.embeddings.wait_loaded(600)
                 if not filled.done:
                     filled = await fill(memory, root, filled, progress=progress, save=save)
+                elif not fresh:
+                    await _refuse_moved(memory, root, filled)
                 point = await measure(memory, root, filled, samples=samples, progress=progress)
                 report.points.append(point)
             save(filled)
