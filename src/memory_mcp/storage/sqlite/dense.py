@@ -53,6 +53,7 @@ log = logging.getLogger(__name__)
 Fetch = Callable[[str, Sequence[Any]], Awaitable[list[Any]]]
 """Runs a read query (on the store's reader connection) and returns its rows."""
 
+_UNSORTED_MOST = 4096  # rows appended since ``find`` sorted the rowids, before it sorts again
 BLOCK = 1024  # rows scored at a time: the float32 copy of a block stays in cache
 KEEP_CHANGES = 50_000  # log entries kept; a reader further behind reloads
 _RELOAD_AFTER = 20_000  # changes to catch up on beyond which a reload is cheaper
@@ -106,28 +107,38 @@ class _Segment:
         self.centroids: npt.NDArray[np.float32] | None = None
         self._starts: npt.NDArray[np.int64] | None = None
         self._clustering: _Clustering | None = None
-        # Rows by rowid (positions, and their rowids in ascending order), for
-        # ``find``; made again after any change.
+        # Rows by rowid (positions, and their rowids in ascending order) for the
+        # first ``_sorted`` rows, for ``find``; made again when rows move.
         self._by_rowid: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]] | None = None
+        self._sorted = 0
 
     def find(self, rowids: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         """The positions of the rows with these rowids that the segment holds.
 
-        A binary search in the rows sorted by rowid (sorted once per change of
-        the segment): a membership test over every row cost 3-28 ms at 110,000
-        rows per call, and a search asks several times.
+        A binary search in the rows sorted by rowid, and a membership test over
+        the rows appended since the sort: sorting 110,000 rowids again after
+        every write cost a store 4 ms, and a membership test over every row
+        3-28 ms per call.
         """
-        if self._by_rowid is None:
+        if self._by_rowid is None or self.size - self._sorted > _UNSORTED_MOST:
             order = np.argsort(self.rowid[: self.size], kind="stable")
-            self._by_rowid = order, self.rowid[: self.size][order]
+            self._by_rowid, self._sorted = (order, self.rowid[: self.size][order]), self.size
         order, keys = self._by_rowid
-        if not len(keys) or not len(rowids):
+        if not len(rowids):
             return np.zeros(0, np.int64)
-        at = np.searchsorted(keys, rowids)
-        inside = at < len(keys)
-        at, wanted = at[inside], rowids[inside]
-        positions: npt.NDArray[np.int64] = order[at[keys[at] == wanted]]
-        return positions  # wanted rowids are >= 0: no dropped row
+        found: list[npt.NDArray[np.int64]] = []
+        if len(keys):
+            at = np.searchsorted(keys, rowids)
+            inside = at < len(keys)
+            at, wanted = at[inside], rowids[inside]
+            found.append(order[at[keys[at] == wanted]])
+        if self.size > self._sorted:
+            since = np.isin(self.rowid[self._sorted : self.size], rowids)
+            found.append(np.flatnonzero(since) + self._sorted)
+        positions = np.concatenate(found) if found else np.zeros(0, np.int64)
+        # rows dropped since the sort hold -1 now; wanted rowids are >= 0
+        kept: npt.NDArray[np.int64] = positions[self.rowid[positions] >= 0]
+        return kept
 
     def append(
         self,
@@ -151,7 +162,6 @@ class _Segment:
         self.kind[self.size : end] = kind
         self.cell[self.size : end] = self.clusters
         self.size = end
-        self._by_rowid = None
 
     def _resize(self, capacity: int) -> None:
         """Keep the live rows only, in arrays of ``capacity`` rows."""
@@ -172,14 +182,13 @@ class _Segment:
 
     def drop(self, seqs: npt.NDArray[np.int64]) -> None:
         """Forget the rows of these records."""
-        rowid = self.rowid[: self.size]
-        gone = np.isin(rowid // MAX_PASSAGES, seqs) & (rowid >= 0)
-        hits = int(gone.sum())
+        owned = (seqs[:, None] * MAX_PASSAGES + np.arange(MAX_PASSAGES)).reshape(-1)
+        gone = self.find(owned)
+        hits = len(gone)
         if hits:
             if self._clustering is not None:
                 self._clustering.dropped.append(seqs.copy())
-            rowid[gone] = -1
-            self._by_rowid = None
+            self.rowid[gone] = -1
             self.dead += hits
             if self.dead > max(BLOCK, self.size // 4):
                 self._resize(self.size - self.dead)
