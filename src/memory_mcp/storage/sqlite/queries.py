@@ -159,16 +159,31 @@ class Queries:
         every row if too few of those pass the filters. Without a copy, from
         vec0's own k-nearest search (exact).
         """
-        import numpy as np
-
         table = await self._store._vector_table(self._conn, embedder)
         if table is None or not filters.scope_keys:
             return []
-        ranked = await self._store._rank(table, embedder, vector, filters, exact=exact)
-        if ranked is None:
-            return await self._nearest_vec0(table, vector, filters, k)
-        rowids, sims, every = ranked
-        rowids, sims = await self._with_own_writes(table, embedder, vector, filters, rowids, sims)
+        scored: list[Scored] = []
+        for every_row in (exact, True):
+            ranked = await self._store._rank(table, embedder, vector, filters, exact=every_row)
+            if ranked is None:
+                return await self._nearest_vec0(table, vector, filters, k)
+            rowids, sims, every = ranked
+            rowids, sims = await self._with_own_writes(
+                table, embedder, vector, filters, rowids, sims
+            )
+            scored = await self._best_records(rowids, sims, filters, k)
+            if len(scored) >= k or every:
+                break
+            # the nearest clusters hold too few records that pass the filters: every row
+        return scored
+
+    async def _best_records(
+        self, rowids: npt.NDArray[np.int64], sims: Vector, filters: Filters, k: int
+    ) -> list[Scored]:
+        """The ``k`` best records among these rows that pass the filters, best first
+        (fewer once every row is read): a deepening list of the best rows."""
+        import numpy as np
+
         where, params = filters_sql(filters)
         depth = max(k * _FIRST_DEPTH, 32)
         while True:
@@ -181,17 +196,6 @@ class Queries:
                 seq = owner_of(rowid)
                 best[seq] = max(best.get(seq, -1.0), similarity)
             scored = await self._records_by_seq(best, filters)
-            if len(scored) < k and top is None and not every:
-                # the nearest clusters hold too few that pass the filters: every row
-                ranked = await self._store._rank(table, embedder, vector, filters, exact=True)
-                if ranked is None:
-                    return await self._nearest_vec0(table, vector, filters, k)
-                rowids, sims, every = ranked
-                rowids, sims = await self._with_own_writes(
-                    table, embedder, vector, filters, rowids, sims
-                )
-                depth = max(k * _FIRST_DEPTH, 32)
-                continue
             if len(scored) >= k or top is None:
                 scored.sort(key=lambda s: -s.score)
                 return scored[:k]
