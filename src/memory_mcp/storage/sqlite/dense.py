@@ -646,6 +646,6 @@ class DenseIndex:
 
 
 def _unit(vector: Vector) -> Vector:
-    v = np.ascontiguousarray(vector, dtype=np.float32).reshape(-1)
-    norm = float(np.linalg.norm(v))
-    return v / norm if norm > 0 else v
+    """One vector as a float32 unit vector (``_units`` of a single row)."""
+    unit: Vector = _units(np.reshape(vector, (1, -1)))[0]
+    return unit
