@@ -173,6 +173,20 @@ async def test_search_filters_apply_before_the_limit(store: Store) -> None:
         assert {s.record.id for s in near} == {r.id for r in wanted}
 
 
+async def test_a_tag_filter_finds_tags_of_any_spelling(store: Store) -> None:
+    """Tags with quotes, backslashes, accents or another tag's text inside them."""
+    odd = ['say "hi"', "back\\slash", "café", "ci"]
+    tagged = [record(f"deploy note {n}", tags=[tag]) for n, tag in enumerate(odd)]
+    decoy = record("deploy note decoy", tags=['a "ci" b', "cis"])
+    await insert(store, *tagged, decoy)
+    for tag, wanted in zip(odd, tagged, strict=True):
+        filters = Filters(scope_keys=(SCOPE,), corpora=("facts",), tags=(tag,))
+        assert [s.record.id for s in await store.lexical("deploy", filters, 5)] == [wanted.id]
+    both = Filters(scope_keys=(SCOPE,), corpora=("facts",), tags=("café", "ci"))
+    found = {s.record.id for s in await store.lexical("deploy", both, 5)}
+    assert found == {tagged[2].id, tagged[3].id}
+
+
 async def test_a_reader_gets_the_shared_records_and_their_own_personal_ones(
     store: Store,
 ) -> None:

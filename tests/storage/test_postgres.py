@@ -377,7 +377,7 @@ async def test_the_top_k_from_postings_is_bm25_over_every_record(store: Any) -> 
     async with store.write() as tx:
         for n in range(1200):
             text = " ".join(rng.choice(words) for _ in range(rng.randint(2, 12)))
-            kind = "gotcha" if n % 97 == 0 else "fact"
+            kind = "gotcha" if n % 97 == 0 else "decision" if n % 3 == 1 else "fact"
             await tx.insert(fact(f"deploy {text} item{n}", kind=kind), None)
     assert FIRST_DEPTH < 1200
     rows = await store.fetch("SELECT documents, tokens FROM lexical_stats")
@@ -387,8 +387,12 @@ async def test_the_top_k_from_postings_is_bm25_over_every_record(store: Any) -> 
         str(i): (k, document_terms(indexed_columns(c, m, json.loads(t)))) for i, k, c, m, t in every
     }
     gotchas = Filters(scope_keys=("/repo",), corpora=("facts",), kinds=("gotcha",))
+    decisions = Filters(scope_keys=("/repo",), corpora=("facts",), kinds=("decision",))
     for text, filters, k in (("deploy", FACTS, 10), ("deploy billing port", FACTS, 40),
-                             ("deploy cache", gotchas, 10)):  # fmt: skip
+                             ("deploy cache", gotchas, 10),
+                             # a third pass: more than a round keeps per word
+                             ("deploy billing port", decisions, 10),
+                             ("deploy", decisions, 200)):  # fmt: skip
         query = query_terms(text)
         holding = {stem(q): sum(1 for _, (_, t) in terms.values() if stem(q) in t) for q in query}
         expected = sorted(

@@ -66,7 +66,7 @@ async def test_the_top_k_is_fts5s_and_filters_read_deeper(tmp_path: Path) -> Non
         async with store.write() as tx:
             for n in range(1500):  # "deploy" in every record: far deeper than the first round
                 words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 12)))
-                kind = "gotcha" if n % 97 == 0 else "fact"
+                kind = "gotcha" if n % 97 == 0 else "decision" if n % 3 == 1 else "fact"
                 tags = ["rare"] if n % 211 == 0 else []
                 await tx.insert(fact(f"deploy {words} item{n}", kind=kind, tags=tags), None)
         assert FIRST_DEPTH < 1500
@@ -77,6 +77,9 @@ async def test_the_top_k_is_fts5s_and_filters_read_deeper(tmp_path: Path) -> Non
             ("deploy cache", gotchas, 10),
             ("deploy worker", dataclasses.replace(FILTERS, tags=("rare",)), 10),
             ("item7 deploy queue", FILTERS, 5),
+            # a third of the records pass: more than a round keeps per word
+            ("deploy billing retry", dataclasses.replace(FILTERS, kinds=("decision",)), 50),
+            ("deploy", dataclasses.replace(FILTERS, kinds=("decision",), since="2000-01-01"), 200),
             ("nothing matches this", FILTERS, 5),
         ]
         for text, filters, k in cases:

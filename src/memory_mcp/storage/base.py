@@ -49,6 +49,13 @@ class Filters:
     viewer: str | None = None
     private: bool | None = None  # only private records (True), or only shared ones (False)
 
+    @property
+    def selective(self) -> bool:
+        """Whether they ask more of a record than its scope and corpus (and liveness)."""
+        return bool(self.kinds or self.tags or self.since or self.until or self.exclude_ids) or (
+            self.viewer is not None or self.private is not None
+        )
+
 
 @dataclass
 class Scored:

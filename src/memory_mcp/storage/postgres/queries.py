@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from memory_mcp.lexical import query_terms, stem
 from memory_mcp.records import Record
 from memory_mcp.storage.base import Around, Filters, Scored, Vector
-from memory_mcp.storage.bm25 import TopPlan, deepening
+from memory_mcp.storage.bm25 import FIRST_DEPTH, TopPlan, deepening
 from memory_mcp.storage.postgres.sql import filters_sql, hash_sql, lexical_sql
 from memory_mcp.storage.rows import SELECT, record_of
 
@@ -91,11 +91,15 @@ class Queries:
         if not plan.finders or not lists:
             return []
         where, params = filters_sql(filters)
-        sql = lexical_sql(where)
+        narrowed = filters.selective
+        sql = lexical_sql(where, narrowed=narrowed)
         weights = [list(plan.weights), list(plan.weights.values())]
+        passing = [*params, max(FIRST_DEPTH, k)] if narrowed else []
 
         async def read(depth: int) -> list[Any]:
-            return await self.fetch(sql, [lists, plan.finders, depth, *weights, length, *params, k])
+            return await self.fetch(
+                sql, [lists, plan.finders, depth, *passing, *weights, length, *params, k]
+            )
 
         found = await deepening(read, k, plan.deepest)
         return [Scored(record_of(row), float(row[-1])) for row in found]

@@ -43,22 +43,32 @@ def filters_sql(f: Filters, *, live_only: bool = True) -> tuple[str, list[Any]]:
     return " AND ".join(clauses), params
 
 
-def lexical_sql(where: str) -> str:
+def lexical_sql(where: str, *, narrowed: bool = False) -> str:
     """FTS5's BM25 (``bm25``) of the records among the first postings of each finder
     in each list (``bm25.TopPlan``), filtered by ``where``, best first.
 
-    Parameters: the lists (``%s::int[]``), the finders (``text[]``), the depth;
-    every stem and its idf (``text[]``, ``float8[]``); the mean length; the filters'
-    parameters; ``LIMIT``. Each (list, finder) is a backward walk of ``postings``'
-    key, ``depth`` rows at most; the candidates are scored from ``postings_seq``
-    alone (it covers the weighted frequency and the record's length), then visited
-    best first and checked against ``where``. Ties go to the older record.
+    Parameters: the lists (``%s::int[]``), the finders (``text[]``), the depth; if
+    ``narrowed``, the filters' parameters and how many to keep; every stem and its
+    idf (``text[]``, ``float8[]``); the mean length; the filters' parameters;
+    ``LIMIT``. Each (list, finder) is a backward walk of ``postings``' key, ``depth``
+    rows at most; the candidates are scored from ``postings_seq`` alone (it covers
+    the weighted frequency and the record's length), then visited best first and
+    checked against ``where``. Ties go to the older record.
+
+    ``narrowed``: the filters ask more than the lists' scope and corpus, so each walk
+    keeps the first of its records that pass them, as many as asked, before any is
+    scored (as on SQLite: ``sqlite.postings.top_sql``).
     """
+    first = "SELECT p.seq FROM postings p WHERE p.list = l.id AND p.term = f.term "
+    first += "ORDER BY p.impact DESC LIMIT %s"
+    if narrowed:
+        first = (
+            f"SELECT p.seq FROM ({first}) p JOIN records r ON r.seq = p.seq WHERE {where} LIMIT %s"
+        )
     return f"""
 WITH candidates AS MATERIALIZED (
     SELECT DISTINCT c.seq FROM unnest(%s::int[]) AS l(id) CROSS JOIN unnest(%s::text[]) AS f(term)
-    CROSS JOIN LATERAL (SELECT p.seq FROM postings p WHERE p.list = l.id AND p.term = f.term
-                        ORDER BY p.impact DESC LIMIT %s) c
+    CROSS JOIN LATERAL ({first}) c
 ),
 weights AS (SELECT * FROM unnest(%s::text[], %s::float8[]) AS w(term, idf)),
 scored AS MATERIALIZED (

@@ -14,7 +14,7 @@ from memory_mcp.lexical import query_terms, stem
 from memory_mcp.passages import MAX_PASSAGES
 from memory_mcp.records import Record
 from memory_mcp.storage.base import Around, Filters, Scored, Vector
-from memory_mcp.storage.bm25 import TopPlan, deepening
+from memory_mcp.storage.bm25 import FIRST_DEPTH, TopPlan, deepening
 from memory_mcp.storage.sqlite import postings
 from memory_mcp.storage.sqlite.driver import OPERATIONAL_ERRORS
 from memory_mcp.storage.sqlite.sql import (
@@ -99,11 +99,13 @@ class Queries:
         if not plan.finders or not lists:
             return []
         where, params = filters_sql(filters)
-        sql = postings.top_sql(len(lists), len(plan.finders), where)
+        narrowed = filters.selective
+        sql = postings.top_sql(len(lists), len(plan.finders), where, narrowed=narrowed)
         weights = json.dumps(plan.weights)
+        passing = [*params, max(FIRST_DEPTH, k)] if narrowed else []
 
         async def read(depth: int) -> list[Any]:
-            firsts = [v for n in lists for s in plan.finders for v in (n, s, depth)]
+            firsts = [v for n in lists for s in plan.finders for v in (n, s, depth, *passing)]
             return await self.fetch(sql, [*firsts, weights, length, *params, k])
 
         rows = await deepening(read, k, plan.deepest)

@@ -6,6 +6,7 @@ itself, picks plans that cost tens of milliseconds at 50,000 memories.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Collection
 from typing import Any
@@ -59,10 +60,8 @@ def filters_sql(f: Filters, *, live_only: bool = True) -> tuple[str, list[Any]]:
         clauses.append(f"r.kind IN ({marks(f.kinds)})")
         params.extend(f.kinds)
     if f.tags:
-        clauses.append(
-            f"EXISTS (SELECT 1 FROM json_each(r.tags) WHERE json_each.value IN ({marks(f.tags)}))"
-        )
-        params.extend(f.tags)
+        clauses.append(tags_sql(f.tags))
+        params.extend([*(json.dumps(t) for t in f.tags if _plain(f.tags)), *f.tags])
     if f.since:
         clauses.append("r.created_at >= ?")
         params.append(f.since)
@@ -79,6 +78,25 @@ def filters_sql(f: Filters, *, live_only: bool = True) -> tuple[str, list[Any]]:
         clauses.append("r.private = ?")
         params.append(int(f.private))
     return " AND ".join(clauses), params
+
+
+def _plain(tags: Collection[str]) -> bool:
+    """Whether each tag is written the same in JSON with and without ASCII escapes."""
+    return all(t.isascii() and t.isprintable() and '"' not in t and "\\" not in t for t in tags)
+
+
+def tags_sql(tags: Collection[str]) -> str:
+    """A record has one of these tags (parameters: for plain tags, each one as a JSON
+    string, then each tag).
+
+    A test for the tag's JSON text in the column comes first when it cannot miss:
+    parsing every record's tags cost a search filtered by a tag, which tests the
+    records of a posting list one by one, 40 ms at 200,000 memories.
+    """
+    exact = f"EXISTS (SELECT 1 FROM json_each(r.tags) WHERE json_each.value IN ({marks(tags)}))"
+    if not _plain(tags):
+        return exact
+    return f"({' OR '.join(['instr(r.tags, ?) > 0'] * len(tags))}) AND {exact}"
 
 
 def by_seq_sql(seqs: Collection[int], where: str) -> str:
