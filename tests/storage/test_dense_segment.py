@@ -1,6 +1,9 @@
-"""The in-memory vector copy finds rows by rowid whatever order they were written in."""
+"""The in-memory vector copy finds rows by rowid whatever order they were written in,
+clusters large scopes, and keeps their codes in a file."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -9,6 +12,12 @@ from memory_mcp.storage.sqlite import dense
 from memory_mcp.storage.sqlite.dense import _Segment
 
 pytestmark = pytest.mark.sqlite_only
+
+
+@pytest.fixture(params=["memory", "file"])
+def folder(request: pytest.FixtureRequest, tmp_path: Path) -> Path | None:
+    """Where a large segment keeps its codes: nowhere (memory), or a file in a folder."""
+    return tmp_path if request.param == "file" else None
 
 
 def _rows(rowids: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -50,13 +59,14 @@ def _fill(segment: _Segment, vectors: np.ndarray, first_seq: int) -> None:
 
 
 def _clustered_segment(
-    monkeypatch: pytest.MonkeyPatch, rows: int, probes: int, seed: int
+    monkeypatch: pytest.MonkeyPatch, rows: int, probes: int, seed: int, folder: Path | None
 ) -> _Segment:
     """A segment of ``rows`` clustered rows, clustered, whose searches score ``probes``."""
     monkeypatch.setattr(dense, "CLUSTER_FROM", 1000)
     monkeypatch.setattr(dense, "PROBES", probes)
-    segment = _Segment(24)
+    segment = _Segment(24, folder)
     _fill(segment, _clustered_rows(rows, 24, seed=seed), first_seq=1)
+    assert segment.codes.in_file == (folder is not None)
     assert segment.probe(np.ones(24, np.float32) / np.sqrt(24)) is None  # not clustered yet
     _clustered(segment)
     return segment
@@ -72,9 +82,9 @@ def _clustered(segment: _Segment) -> None:
 
 
 def test_a_clustered_segment_scores_a_few_clusters_and_finds_the_exact_top(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, folder: Path | None
 ) -> None:
-    segment = _clustered_segment(monkeypatch, 4000, probes=8, seed=1)
+    segment = _clustered_segment(monkeypatch, 4000, probes=8, seed=1, folder=folder)
     cells = segment.cell[: segment.size]
     assert (np.diff(cells) >= 0).all() and cells.max() < segment.clusters  # ordered, no tail
     assert segment.clusters == round(dense._CLUSTERS_PER_ROOT * np.sqrt(4000))
@@ -95,9 +105,9 @@ def test_a_clustered_segment_scores_a_few_clusters_and_finds_the_exact_top(
 
 
 def test_rows_written_after_the_clustering_are_scored_in_the_tail(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, folder: Path | None
 ) -> None:
-    segment = _clustered_segment(monkeypatch, 3000, probes=4, seed=3)
+    segment = _clustered_segment(monkeypatch, 3000, probes=4, seed=3, folder=folder)
     fresh = _clustered_rows(5, 24, seed=4)
     _fill(segment, fresh, first_seq=10_000)
     for n, query in enumerate(fresh):
@@ -113,10 +123,10 @@ def test_rows_written_after_the_clustering_are_scored_in_the_tail(
 
 
 def test_records_written_again_while_clustering_go_to_the_tail(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, folder: Path | None
 ) -> None:
     monkeypatch.setattr(dense, "CLUSTER_FROM", 1000)
-    segment = _Segment(24)
+    segment = _Segment(24, folder)
     vectors = _clustered_rows(2000, 24, seed=6)
     _fill(segment, vectors, first_seq=1)
     segment.start_clustering()
@@ -132,3 +142,23 @@ def test_records_written_again_while_clustering_go_to_the_tail(
     assert len(at) == 1 and segment.cell[at[0]] == segment.clusters  # in the tail
     assert np.allclose(segment.cosines(moved)[at[0]], 1.0, atol=0.02)
     assert segment.size == 2000 and (segment.rowid[: segment.size] >= 0).all()
+
+
+def test_a_large_segment_keeps_its_codes_in_an_unnamed_file(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Past ``CLUSTER_FROM`` rows the codes leave the process's memory for a file that
+    has no name in the folder; rows read back, drop, grow and compact as in memory."""
+    monkeypatch.setattr(dense, "CLUSTER_FROM", 1000)
+    segment = _Segment(24, tmp_path)
+    vectors = _clustered_rows(3000, 24, seed=7)
+    _fill(segment, vectors[:900], first_seq=1)
+    assert not segment.codes.in_file and segment.codes.nbytes >= 900 * 24
+    _fill(segment, vectors[900:], first_seq=901)
+    assert segment.codes.in_file and segment.codes.nbytes == 0
+    assert segment.codes.file_bytes >= 3000 * 24 and list(tmp_path.iterdir()) == []
+    assert np.allclose(segment.cosines(vectors[2500])[2500], 1.0, atol=0.02)
+    segment.drop(np.arange(1, 1101, dtype=np.int64))  # over a third: compacted into a new file
+    assert segment.size == 1900 and segment.dead == 0 and segment.codes.in_file
+    at = segment.find(np.array([2500 * dense.MAX_PASSAGES]))
+    assert len(at) == 1 and np.allclose(segment.cosines(vectors[2499])[at[0]], 1.0, atol=0.02)

@@ -157,7 +157,9 @@ class SqliteStore(VectorTables, UpkeepReads):
         """How vector searches run: on the in-memory copy (and its size) or through vec0."""
         if self._copy_off:
             return f"through vec0 ({self._copy_off})"
-        return f"in-memory copy, {self.vector_copy_bytes / 1e6:.1f} MB loaded"
+        held = f"in-memory copy, {self.vector_copy_bytes / 1e6:.1f} MB loaded"
+        filed = sum(i.file_bytes for i in self._copies.values())
+        return f"{held} (and {filed / 1e6:.1f} MB in a temporary file)" if filed else held
 
     @property
     def vector_copy_bytes(self) -> int:

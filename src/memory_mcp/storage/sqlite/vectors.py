@@ -15,6 +15,7 @@ import re
 from collections.abc import AsyncIterator, Collection, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import aiosqlite
@@ -88,6 +89,7 @@ async def log_change(conn: aiosqlite.Connection, embedder: str, seq: int) -> Non
 class VectorTables:
     """The store's vec0 tables and their in-memory copies (``SqliteStore`` is one)."""
 
+    path: Path
     driver: Driver
     reads: Queries
     _tables: dict[str, str]
@@ -109,7 +111,9 @@ class VectorTables:
             if not dims:  # created by a transaction that has not committed yet
                 return None
             # setdefault: another search may have made it while this one waited
-            index = self._copies.setdefault(table, DenseIndex(table, embedder, int(dims[0][0])))
+            folder = None if str(self.path) == ":memory:" else self.path.parent
+            made = DenseIndex(table, embedder, int(dims[0][0]), folder)
+            index = self._copies.setdefault(table, made)
         return index
 
     async def _prepared(self, index: DenseIndex, scope_keys: Collection[str]) -> bool:
