@@ -29,6 +29,7 @@ over every corpus, so every hit's relevance and score is on the same scale.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
@@ -37,7 +38,7 @@ from memory_mcp.embedders.base import normalize_rows
 from memory_mcp.lexical import stems
 from memory_mcp.records import Hit, Record
 from memory_mcp.secret_scan import redact_text
-from memory_mcp.storage.base import Around, Filters, Store, Vector
+from memory_mcp.storage.base import Around, Filters, Scored, Store, Vector
 
 
 @dataclass(frozen=True)
@@ -86,10 +87,15 @@ async def candidates(
     embedder: str | None,
     filters: Filters,
     plan: SearchPlan,
+    *,
+    lexical: Sequence[Scored] | None = None,
 ) -> Candidates:
-    """The best ``plan.candidates`` records of each branch, each scored by both branches."""
+    """The best ``plan.candidates`` records of each branch, each scored by both branches
+    (``lexical``: the lexical branch's, if read already)."""
     found = Candidates()
-    for item in await store.lexical(query, filters, plan.candidates):
+    if lexical is None:
+        lexical = await store.lexical(query, filters, plan.candidates)
+    for item in lexical:
         found.records[item.record.id] = item.record
         found.bm25[item.record.id] = item.score
     if query_vector is None or embedder is None:
