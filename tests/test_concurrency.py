@@ -8,6 +8,7 @@ import pytest
 
 from helpers.processes import Workers, release
 from helpers.storage import store_place, store_url
+from memory_mcp import write
 from memory_mcp.embedders.base import FakeEmbedder
 from memory_mcp.service import MemoryService
 
@@ -63,6 +64,41 @@ async def test_two_processes_storing_paraphrases_at_once_end_with_one_canonical_
         stats = await memory.engine.store.stats()
         assert stats.records[("facts", "project", "current")] == len(PARAPHRASES)
         assert stats.records[("facts", "project", "archived")] == len(PARAPHRASES)
+
+
+async def test_neighbours_read_before_the_lock_are_read_again_after_a_commit(
+    memory: MemoryService, project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store reads its neighbours before the write lock; a paraphrase committed after
+    that read is still what it folds into (the reads are made again under the lock)."""
+    real = write.neighbours
+    raced: list[str] = []
+
+    async def racing(reads: object, record: object, *args: object, **kwargs: object) -> object:
+        found = await real(reads, record, *args, **kwargs)  # type: ignore[arg-type]
+        if reads is memory.engine.store and not raced:  # read before the lock: commit meanwhile
+            raced.append("")
+            raced[0] = (await memory.store(PARAPHRASES[0][0], cwd=project)).id
+        return found
+
+    monkeypatch.setattr(write, "neighbours", racing)
+    second = await memory.store(PARAPHRASES[0][1], cwd=project)
+    marks = await memory.engine.store.write_mark() is not None  # Postgres: reads under the lock
+    assert bool(raced) == marks
+    if marks:
+        assert raced[0] and second.action == "folded"
+        stats = await memory.engine.store.stats()
+        assert stats.records[("facts", "project", "current")] == 1
+    # with nothing committed in between, the reads made before the lock are used
+    calls: list[object] = []
+
+    async def counted(reads: object, *args: object, **kwargs: object) -> object:
+        calls.append(reads)
+        return await real(reads, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(write, "neighbours", counted)
+    await memory.store("The release branch is cut every second Tuesday", cwd=project)
+    assert len(calls) == 1 and (calls[0] is memory.engine.store) == marks
 
 
 async def test_concurrent_writers_lose_no_acknowledged_write(

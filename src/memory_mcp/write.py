@@ -6,7 +6,9 @@ the two steps, outside any lock (``store_many`` runs all three over an engine,
 in batches). ``apply`` runs inside one write transaction:
 it reads the nearest records of the same scope and corpus, decides what the
 new text is to them, and writes the outcome - so two processes storing one
-fact at once end with one canonical record.
+fact at once end with one canonical record. (A single fact's nearest records
+are read before the lock, and used under it only if nothing was committed
+since: ``Nearby``.)
 
 Update rules per corpus (see ``records``): facts fold / supersede / conflict /
 insert; journal entries append, folding exact repeats; a goal or plan replaces
@@ -29,6 +31,7 @@ from typing import TYPE_CHECKING, Literal
 from memory_mcp.config import FoldSettings, WriteSettings
 from memory_mcp.errors import InvalidInput, SecretRejected
 from memory_mcp.fold import compare, decide
+from memory_mcp.overlap import alongside
 from memory_mcp.passages import split_passages
 from memory_mcp.records import (
     CORPUS_OF_KIND,
@@ -50,6 +53,7 @@ from memory_mcp.storage.base import (
     Filters,
     Neighbours,
     RecordReads,
+    Scored,
     Vector,
     WriteTransaction,
 )
@@ -232,12 +236,15 @@ async def apply(
     fold_settings: FoldSettings,
     now: str,
     embed_late: Callable[[str], Awaitable[list[Vector] | None]] | None = None,
+    nearby: Nearby | None = None,
 ) -> StoreResult:
     """Decide what the draft is to the records already there, and write it.
 
     ``embed_late`` embeds a draft that was not embedded because it repeated a stored
     text exactly, when under the lock it no longer does (another process changed
     that record meanwhile): rare, and the one embedding done inside the lock.
+    ``nearby``: the draft's neighbours read before the lock, used if nothing has
+    been committed since (else read again).
     """
     record = draft.record
     # A duplicate stored under one of the project's aliases folds like any other.
@@ -279,7 +286,10 @@ async def apply(
         )
 
     # Facts: compare with the nearest records, most similar first.
-    candidates = await neighbours(tx, record, vectors, embedder, same_corpus, fold_settings)
+    if nearby is not None and await tx.unchanged_since(nearby.mark):
+        candidates = nearby.candidates
+    else:
+        candidates = await neighbours(tx, record, vectors, embedder, same_corpus, fold_settings)
     for old, similarity in candidates:
         decision = decide(compare(old.content, record.content, similarity), fold_settings)
         if decision.action == "fold":
@@ -322,6 +332,15 @@ def _history(old: Record, more: Sequence[Record] = ()) -> list[str]:
     return history
 
 
+@dataclass
+class Nearby:
+    """A fact's neighbours, read before the write lock (``neighbours``), and the store's
+    ``write_mark`` taken before they were read."""
+
+    mark: object
+    candidates: list[tuple[Record, float | None]]
+
+
 async def neighbours(
     reads: Neighbours,
     record: Record,
@@ -329,18 +348,23 @@ async def neighbours(
     embedder: str | None,
     filters: Filters,
     settings: FoldSettings,
+    *,
+    lexical: Sequence[Scored] | None = None,
 ) -> list[tuple[Record, float | None]]:
     """The nearest current records, with dense similarity where both have vectors.
 
-    The write path asks inside its transaction; the consolidation sweep
-    (``maintenance``) asks the store, for records already stored.
+    The write path asks before its transaction and again inside it if something
+    was committed meanwhile; the consolidation sweep (``maintenance``) asks the
+    store, for records already stored. ``lexical``: the records its rarest words
+    find (``rare_lexical``), if read already.
     """
     found: dict[str, tuple[Record, float | None]] = {}
     if vectors is not None and embedder is not None:
         for item in await reads.nearest(vectors[0], embedder, filters, settings.candidates):
             found[item.record.id] = (item.record, item.score)
     found.pop(record.id, None)
-    lexical = await reads.lexical(record.content, filters, settings.candidates, rare_words=True)
+    if lexical is None:
+        lexical = await rare_lexical(reads, record, filters, settings)
     lexical_only = [
         item.record
         for item in lexical
@@ -353,6 +377,13 @@ async def neighbours(
     ordered = sorted(found.values(), key=lambda pair: -(pair[1] or 0.0))
     # Lexical-only candidates follow in BM25 order, with their dense similarity if any.
     return ordered + [(old, scores.get(old.id)) for old in lexical_only]
+
+
+async def rare_lexical(
+    reads: Neighbours, record: Record, filters: Filters, settings: FoldSettings
+) -> list[Scored]:
+    """The records that a fact's rarest words find (what ``neighbours`` reads lexically)."""
+    return await reads.lexical(record.content, filters, settings.candidates, rare_words=True)
 
 
 async def _fold(
@@ -503,12 +534,18 @@ async def _store_drafts(
     # One write (an agent's store) embeds its whole text only and defers its other
     # passages; a batch embeds them all at once, in the same batched calls.
     defer = len(fresh) == 1
-    vectors = await engine.embed_records([d.record.content for d in fresh], whole_only=defer)
+    if defer and fresh[0].corpus == "facts":
+        vectors, nearby = await _one_fact(
+            engine, fresh[0], {k for d in drafts for k in d.scope_keys}
+        )
+    else:
+        vectors = await engine.embed_records([d.record.content for d in fresh], whole_only=defer)
+        nearby = None
     vector_of = dict(zip((id(d) for d in fresh), vectors or [], strict=False))
     identity = engine.embeddings.identity
     if vectors is None and fresh:
         identity = None
-    if identity is not None:  # load the scopes' vectors before taking the write lock
+    if identity is not None and nearby is None:  # load the scopes' vectors before the lock
         await engine.store.load_vectors(identity, {k for d in drafts for k in d.scope_keys})
     stamp = format_time(engine.clock())
 
@@ -532,12 +569,49 @@ async def _store_drafts(
                         fold_settings=engine.settings.fold,
                         now=stamp,
                         embed_late=late if id(item) in repeats else None,
+                        nearby=nearby if id(item) not in repeats else None,
                     )
                 )
         if progress is not None:
             progress(len(batch))
     engine.complete_later([d.record.id for d in drafts if d.vectors_due])
     return results
+
+
+async def _one_fact(
+    engine: Engine, draft: Draft, scope_keys: set[str]
+) -> tuple[list[Vector] | None, Nearby | None]:
+    """One fact's whole-text vector, and its neighbours read before the write lock.
+
+    Its rarest words are looked up, and the scopes' vectors loaded, while the model
+    embeds it (the database and the model each release the GIL); then its nearest
+    records by that vector. ``apply`` uses them if nothing was committed since the
+    store's mark, taken first, and reads them again under the lock otherwise: at
+    50,000 memories they are about 7 ms of a store, and the lock is held for less.
+    """
+    store, settings = engine.store, engine.settings.fold
+    identity = engine.embeddings.identity
+    mark = await store.write_mark()
+    filters = draft.same_corpus
+
+    async def read_first() -> list[Scored]:
+        if identity is not None:
+            await store.load_vectors(identity, scope_keys)
+        if mark is None:
+            return []
+        return await rare_lexical(store, draft.record, filters, settings)
+
+    lexical, vectors = await alongside(
+        read_first, lambda: engine.embed_records([draft.record.content], whole_only=True)
+    )
+    if mark is None:
+        return vectors, None
+    embedder = engine.embeddings.identity if vectors is not None else None
+    vector = vectors[0] if vectors is not None else None
+    candidates = await neighbours(
+        store, draft.record, vector, embedder, filters, settings, lexical=lexical
+    )
+    return vectors, Nearby(mark, candidates)
 
 
 class _Scopes:

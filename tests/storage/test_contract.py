@@ -173,6 +173,23 @@ async def test_search_filters_apply_before_the_limit(store: Store) -> None:
         assert {s.record.id for s in near} == {r.id for r in wanted}
 
 
+async def test_a_write_mark_tells_whether_anything_was_committed_since(store: Store) -> None:
+    """Reads made before a write transaction stand for it only if nothing was
+    committed in between, by this process or another, nor written by it yet."""
+    mark = await store.write_mark()
+    async with store.write() as tx:
+        first = await tx.unchanged_since(mark)
+    assert first == (mark is not None)  # Postgres cannot tell: always read again
+    await insert(store, record("deploy note one"))
+    async with store.write() as tx:
+        assert not await tx.unchanged_since(mark)
+    mark = await store.write_mark()
+    async with store.write() as tx:
+        assert await tx.unchanged_since(mark) == (mark is not None)
+        await tx.insert(record("deploy note two"), None)
+        assert not await tx.unchanged_since(mark)
+
+
 async def test_a_tag_filter_finds_tags_of_any_spelling(store: Store) -> None:
     """Tags with quotes, backslashes, accents or another tag's text inside them."""
     odd = ['say "hi"', "back\\slash", "café", "ci"]

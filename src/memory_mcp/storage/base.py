@@ -220,6 +220,12 @@ class SearchBranches(Neighbours, Protocol):
         """Drop any cached word statistics (``rare_words``)."""
         ...
 
+    async def write_mark(self) -> object | None:
+        """A mark of what has been committed, taken before reads that a write
+        transaction may use if nothing was committed since (``unchanged_since``);
+        None: the backend cannot tell, and such reads are made again under the lock."""
+        ...
+
     async def record_access(self, record_ids: Sequence[str], at: str) -> None:
         """Count returned hits as accesses (ranking and staleness read these)."""
         ...
@@ -378,6 +384,12 @@ class Leases(Protocol):
 
 class WriteTransaction(Neighbours, Protocol):
     """Operations available inside one write transaction."""
+
+    async def unchanged_since(self, mark: object | None) -> bool:
+        """Whether nothing has been committed since ``write_mark`` gave ``mark``, so that
+        what the store's reads saw then is what this transaction sees (False: not
+        known)."""
+        ...
 
     async def find_by_hash(self, content_hash: str, filters: Filters) -> list[Record]: ...
 

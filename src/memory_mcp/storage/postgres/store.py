@@ -292,6 +292,10 @@ class PgStore(UpkeepReads, Queries):
         """Nothing to warm: the HNSW index lives in the database."""
         return True
 
+    async def write_mark(self) -> object | None:
+        """None: reads made before a write transaction are made again inside it."""
+        return None
+
     # Reads ---------------------------------------------------------------------------
 
     async def top_by_prior(

@@ -38,6 +38,10 @@ class Transaction(SharedWrites, Queries):
         self._conn = conn
         self._store = store
 
+    async def unchanged_since(self, mark: object | None) -> bool:
+        """Not known on Postgres (``PgStore.write_mark`` gives None)."""
+        return False
+
     @property
     def connection(self) -> psycopg.AsyncConnection[Any]:
         """The connection (for statements the store's own helpers do not spell)."""

@@ -43,9 +43,18 @@ class Transaction(SharedWrites, Queries):
     def __init__(self, conn: aiosqlite.Connection, store: SqliteStore) -> None:
         super().__init__(conn, store)
         self._touched: set[int] = set()  # records whose vectors this transaction changed
+        self._changes_at_start = conn.total_changes
 
     def _own_writes(self) -> Collection[int]:
         return self._touched
+
+    async def unchanged_since(self, mark: object | None) -> bool:
+        """The reader's data version is still ``mark`` (``SqliteStore.write_mark``), and
+        this transaction has written nothing yet. The write lock held, nothing else
+        can commit."""
+        if mark is None or self._touched or self._conn.total_changes != self._changes_at_start:
+            return False
+        return await self._store.write_mark() == mark
 
     async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
         try:

@@ -1,0 +1,42 @@
+"""Two awaitables at once, for work that waits on different threads.
+
+The model (onnxruntime) and SQLite each release the GIL while they work, so on
+two cores a store or a search that needs both waits for the slower instead of
+their sum.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import anyio
+
+A = TypeVar("A")
+M = TypeVar("M")
+
+
+async def alongside(
+    aside: Callable[[], Awaitable[A]], main: Callable[[], Awaitable[M]]
+) -> tuple[A, M]:
+    """``aside()`` and ``main()`` run concurrently; both results.
+
+    An exception of either is raised as itself once both have ended (``main``'s
+    first), not in an exception group, so callers catch what they always caught.
+    """
+    outcomes: dict[str, tuple[bool, Any]] = {}
+
+    async def run(name: str, work: Callable[[], Awaitable[Any]]) -> None:
+        try:
+            outcomes[name] = (True, await work())
+        except Exception as exc:
+            outcomes[name] = (False, exc)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(run, "aside", aside)
+        await run("main", main)
+    for name in ("main", "aside"):
+        ok, value = outcomes[name]
+        if not ok:
+            raise value
+    return outcomes["aside"][1], outcomes["main"][1]
