@@ -329,7 +329,24 @@ async def test_top_by_prior_is_the_rankers_prior(store: Store) -> None:
     for r, value in rows:
         assert value == pytest.approx(ranker.prior(r, NOW, config), abs=1e-9), r.content
     assert [v for _, v in rows] == sorted((v for _, v in rows), reverse=True)
-    assert len(await store.top_by_prior(FACTS, config, NOW, 3)) == 3
+    full = [r.id for r, _ in rows]
+    for k in range(1, len(table) + 1):
+        assert [r.id for r, _ in await store.top_by_prior(FACTS, config, NOW, k)] == full[:k]
+
+
+async def test_the_top_by_prior_is_not_the_top_by_worth(store: Store) -> None:
+    """Records worth the most but old rank below fresh ones worth less; the best by
+    prior come from every list the filters name."""
+    old = [record(f"important but old {n}", importance=1.0, days_ago=2000) for n in range(40)]
+    fresh = [record(f"fresh note {n}", importance=0.5, days_ago=n) for n in range(3)]
+    elsewhere = record("fresh elsewhere", importance=0.6, scope_key="/other")
+    await insert(store, *old, *fresh, elsewhere)
+    config = ranker.RankerConfig()
+    top = await store.top_by_prior(FACTS, config, NOW, 3)
+    assert [r.id for r, _ in top] == [r.id for r in fresh]
+    both = Filters(scope_keys=(SCOPE, "/other"), corpora=("facts",))
+    top = await store.top_by_prior(both, config, NOW, 2)
+    assert [r.id for r, _ in top] == [elsewhere.id, fresh[0].id]
 
 
 async def test_positions_walk_every_record_in_write_order(store: Store) -> None:

@@ -9,8 +9,8 @@ exactly as it was written, whichever store holds it.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -21,8 +21,8 @@ from memory_mcp.ranker import (
     REINFORCEMENT_FLOOR,
     RankerConfig,
 )
-from memory_mcp.records import Conflict, MergedEntry, Record, derived
-from memory_mcp.storage.base import TaskState
+from memory_mcp.records import Conflict, Corpus, MergedEntry, Record, derived
+from memory_mcp.storage.base import Filters, TaskState
 
 COLUMNS = (
     "id",
@@ -166,21 +166,46 @@ POSTGRES = Dialect(
 )
 
 
+# What the prior and the visibility rule read, after the worth in ``records_worth``: a
+# list is walked by worth without reading its records' rows.
+WORTH_COVERS = (
+    "created_at, kind, pinned, importance, emphasis, fold_count, access_count, "
+    "user_name, private, id"
+)
+
+
+def worth_sql(dialect: Dialect = SQLITE, table: str = "r.") -> str:
+    """A record's prior without its recency: importance times reinforcement, as an SQL
+    expression over ``records`` (columns prefixed by ``table``).
+
+    It depends on the record alone, not on the time, so an index can hold it
+    (``records_worth``), and as the recency is at most 1, no record's prior exceeds
+    its worth: the top records by prior are among those worth at least the k-th
+    best prior found (``top_by_prior``).
+    """
+    d, t = dialect, table
+    kinds = " ".join(f"WHEN '{kind}' THEN {value}" for kind, value in KIND_IMPORTANCE.items())
+    importance = (
+        f"COALESCE({t}importance, {d.least}(1.0, (CASE {t}kind {kinds} ELSE 0.5 END) "
+        f"+ 0.1 * {d.real.format(f'{t}emphasis')}))"
+    )
+    signal = f"({d.real.format(f'{t}fold_count')} + {d.real.format(f'{t}access_count')} / 2.0)"
+    reinforcement = f"(1.0 - 1.0 / (1.0 + {signal} / 3.0))"
+    boost = f"({REINFORCEMENT_FLOOR} + {1 - REINFORCEMENT_FLOOR} * {reinforcement})"
+    return f"({importance} * {boost})"
+
+
 def prior_sql(
     config: RankerConfig, now: datetime, dialect: Dialect = SQLITE
 ) -> tuple[str, list[object]]:
-    """``ranker.prior`` as an SQL expression over ``records r`` (with its parameters).
+    """``ranker.prior`` as an SQL expression over ``records r`` (with its parameters):
+    ``worth_sql`` times the recency.
 
     The same formula, term for term, reading the emphasis count stored with each
     record, so the top records by prior come from the database without reading
     every record into Python. The contract suite holds it to ``ranker.prior``.
     """
     d = dialect
-    kinds = " ".join(f"WHEN '{kind}' THEN {value}" for kind, value in KIND_IMPORTANCE.items())
-    importance = (
-        f"COALESCE(r.importance, {d.least}(1.0, (CASE r.kind {kinds} ELSE 0.5 END) "
-        f"+ 0.1 * {d.real.format('r.emphasis')}))"
-    )
     durable = ", ".join(f"'{kind}'" for kind in sorted(DURABLE_KINDS))
     age = f"{d.greatest}(0.0, {d.placeholder} - {d.days.format('r.created_at')})"
     half_life = f"(CASE WHEN r.kind IN ({durable}) THEN {d.placeholder} ELSE {d.placeholder} END)"
@@ -189,12 +214,85 @@ def prior_sql(
         f"(CASE WHEN r.pinned <> 0 THEN 1.0 "
         f"ELSE {RECENCY_FLOOR} + {1 - RECENCY_FLOOR} * {decay} END)"
     )
-    signal = f"({d.real.format('r.fold_count')} + {d.real.format('r.access_count')} / 2.0)"
-    reinforcement = f"(1.0 - 1.0 / (1.0 + {signal} / 3.0))"
-    boost = f"({REINFORCEMENT_FLOOR} + {1 - REINFORCEMENT_FLOOR} * {reinforcement})"
     julian = now.timestamp() / 86400 + _JULIAN_UNIX_EPOCH
     params: list[object] = [julian, config.durable_half_life_days, config.half_life_days]
-    return f"{importance} * {recency} * {boost}", params
+    return f"{worth_sql(d)} * {recency}", params
+
+
+Fetch = Callable[[str, Sequence[Any]], Awaitable[list[Any]]]
+"""Runs one read query and returns its rows."""
+
+
+_DEEPER = 2  # how many times more records each round of ``top_by_prior`` reads in a list
+
+
+async def top_by_prior(
+    fetch: Fetch,
+    filters_sql: Callable[[Filters], tuple[str, list[Any]]],
+    dialect: Dialect,
+    filters: Filters,
+    ranking: RankerConfig,
+    now: datetime,
+    limit: int,
+) -> list[tuple[Record, float]]:
+    """Current records by ``ranker.prior`` (``prior_sql``), highest first, with it: the
+    store's ``top_by_prior``, for either backend (its ``fetch`` and ``filters_sql``).
+
+    Without computing every record's prior (150 ms over the 166,000 facts of a
+    200,000-memory project): each list the filters name (scope and corpus) is read
+    in the order of its records' worth (``worth_sql``, the ``records_worth``
+    index), ``limit`` records first, then twice as many as the last round each
+    round, until the worth where its reading stopped is below the ``limit``-th
+    best prior read in any list: as no prior exceeds its record's worth, no
+    record left unread can take a place.
+    """
+    if limit <= 0:
+        return []
+    order_sql, params = prior_sql(ranking, now, dialect)
+    worth, mark = worth_sql(dialect), dialect.placeholder
+    # One round of one list: its next ``?`` records by worth (after the first ``?``); of
+    # those, the ``?`` best by prior, each with the last worth read and how many were read.
+    walk = (
+        f"WITH walk AS MATERIALIZED (SELECT r.seq AS seq, r.id AS id, {worth} AS w, "
+        f"{order_sql} AS o FROM records r WHERE {{where}} ORDER BY {worth} DESC "
+        f"LIMIT {mark} OFFSET {mark}) "
+        "SELECT seq, id, o, (SELECT min(w) FROM walk), (SELECT count(*) FROM walk) "
+        f"FROM walk ORDER BY o DESC, id LIMIT {mark}"
+    )
+    best: dict[tuple[str, Corpus], list[tuple[float, str, int]]] = {}  # (prior, id, seq)
+    # each list's next round: (records read before it, records it reads)
+    rounds = {(k, c): (0, limit) for k in filters.scope_keys for c in filters.corpora}
+    while rounds:
+        stopped: dict[tuple[str, Corpus], float] = {}  # each list's last worth read
+        for (key, corpus), (done, count) in rounds.items():
+            one = replace(filters, scope_keys=(key,), corpora=(corpus,))
+            where, where_params = filters_sql(one)
+            rows = await fetch(
+                walk.format(where=where), [*params, *where_params, count, done, limit]
+            )
+            found = best.get((key, corpus), []) + [
+                (float(o), str(rid), int(seq)) for seq, rid, o, _, _ in rows
+            ]
+            best[(key, corpus)] = sorted(found, key=lambda r: (-r[0], r[1]))[:limit]
+            if rows and int(rows[0][4]) == count:  # else the list is read to its end
+                stopped[(key, corpus)] = float(rows[0][3])
+        priors = sorted((o for found in best.values() for o, _, _ in found), reverse=True)
+        floor = priors[limit - 1] if len(priors) >= limit else -1.0
+        rounds = {
+            pair: (rounds[pair][0] + rounds[pair][1], rounds[pair][1] * _DEEPER)
+            for pair, last in stopped.items()
+            if last >= floor
+        }
+    top = sorted((row for found in best.values() for row in found), key=lambda r: (-r[0], r[1]))
+    top = top[:limit]
+    if not top:
+        return []
+    rows = await fetch(
+        f"SELECT {SELECT}, r.seq FROM records r WHERE r.seq IN ({', '.join([mark] * len(top))})",
+        [seq for _, _, seq in top],
+    )
+    by_seq = {int(row[-1]): record_of(row) for row in rows}
+    return [(by_seq[seq], prior) for prior, _, seq in top if seq in by_seq]
 
 
 # The parameters of the updates both backends make, in their statements' order.

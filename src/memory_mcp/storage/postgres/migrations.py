@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from memory_mcp.errors import SchemaTooNew, StorageError
 from memory_mcp.records import format_time, utcnow
+from memory_mcp.storage.rows import POSTGRES, WORTH_COVERS, worth_sql
 
 if TYPE_CHECKING:
     import psycopg
@@ -373,6 +374,13 @@ ALTER TABLE postings ENABLE ROW LEVEL SECURITY;
 CREATE POLICY postings_rows ON postings USING (owner IN ('', current_user));
 """
 
+# Each current record's worth (rows.worth_sql: its prior without the recency) by scope
+# and corpus, from which the brief reads its top records (rows.top_by_prior).
+M008_WORTH = f"""
+CREATE INDEX records_worth ON records
+    (scope_key, corpus, live, {worth_sql(POSTGRES, table="")} DESC) INCLUDE ({WORTH_COVERS});
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration("m001_records", M001_RECORDS),
     Migration("m002_scope_aliases", M002_SCOPE_ALIASES),
@@ -381,6 +389,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration("m005_row_security", M005_ROW_SECURITY),
     Migration("m006_vectors_due", M006_VECTORS_DUE),
     Migration("m007_postings", M007_POSTINGS),
+    Migration("m008_worth", M008_WORTH),
 )
 
 

@@ -16,6 +16,7 @@ import anyio
 from memory_mcp.errors import StorageError
 from memory_mcp.ranker import RankerConfig
 from memory_mcp.records import Record, format_time, utcnow
+from memory_mcp.storage import rows
 from memory_mcp.storage.base import (
     Diagnosis,
     Filters,
@@ -27,7 +28,7 @@ from memory_mcp.storage.postgres.queries import Queries
 from memory_mcp.storage.postgres.sql import filters_sql, storage_error
 from memory_mcp.storage.postgres.transaction import Transaction
 from memory_mcp.storage.postgres.upkeep import UpkeepReads
-from memory_mcp.storage.rows import POSTGRES, SELECT, prior_sql, record_of
+from memory_mcp.storage.rows import POSTGRES, SELECT, record_of
 
 if TYPE_CHECKING:
     import psycopg
@@ -301,16 +302,11 @@ class PgStore(UpkeepReads, Queries):
     async def top_by_prior(
         self, filters: Filters, ranking: RankerConfig, now: datetime, limit: int
     ) -> list[tuple[Record, float]]:
-        """Current records by ``ranker.prior`` (``rows.prior_sql``), highest first, with it."""
-        order_sql, params = prior_sql(ranking, now, POSTGRES)
-        where, where_params = filters_sql(filters)
-        rows = await self.fetch(
-            f"SELECT {SELECT}, t.o FROM (SELECT r.seq AS seq, r.id AS id, {order_sql} AS o "
-            f"FROM records r WHERE {where} ORDER BY o DESC, r.id LIMIT %s) t "
-            "JOIN records r ON r.seq = t.seq ORDER BY t.o DESC, t.id",
-            [*params, *where_params, limit],
+        """Current records by ``ranker.prior``, highest first, with it (``rows.top_by_prior``:
+        from the records worth the most, not every record's prior)."""
+        return await rows.top_by_prior(
+            self.fetch, filters_sql, POSTGRES, filters, ranking, now, limit
         )
-        return [(record_of(row), float(row[-1])) for row in rows]
 
     async def get_many(self, record_ids: Sequence[str]) -> list[Record]:
         if not record_ids:

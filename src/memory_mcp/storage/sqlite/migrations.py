@@ -263,6 +263,17 @@ def _m008_postings(conn: sqlite3.Connection) -> None:
     postings.index_due_sync(conn)
 
 
+def _m009_worth(conn: sqlite3.Connection) -> None:
+    """An index of each current record's worth (``rows.worth_sql``) by scope and corpus,
+    from which the brief reads its top records without computing every prior."""
+    from memory_mcp.storage.rows import WORTH_COVERS, worth_sql
+
+    conn.execute(
+        "CREATE INDEX records_worth ON records "
+        f"(scope_key, corpus, live, {worth_sql(table='')} DESC, {WORTH_COVERS})"
+    )
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration("m001_records", _script(M001_RECORDS)),
     Migration("m002_emphasis", _m002_emphasis),
@@ -272,6 +283,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration("m006_users", _script(M006_USERS)),
     Migration("m007_vectors_due", _script(M007_VECTORS_DUE)),
     Migration("m008_postings", _m008_postings),
+    Migration("m009_worth", _m009_worth),
 )
 
 

@@ -21,6 +21,7 @@ import anyio
 from memory_mcp.errors import InvalidInput
 from memory_mcp.ranker import RankerConfig
 from memory_mcp.records import Record, utcnow
+from memory_mcp.storage import rows
 from memory_mcp.storage.base import (
     Around,
     Diagnosis,
@@ -29,6 +30,7 @@ from memory_mcp.storage.base import (
     StoreStats,
     Vector,
 )
+from memory_mcp.storage.rows import SQLITE
 from memory_mcp.storage.sqlite import postings
 from memory_mcp.storage.sqlite.driver import OPERATIONAL_ERRORS, Driver, DriverName, cached_driver
 from memory_mcp.storage.sqlite.migrations import copy_database, prepare_file
@@ -37,7 +39,6 @@ from memory_mcp.storage.sqlite.sql import (
     SELECT,
     filters_sql,
     marks,
-    prior_sql,
     record_of,
     storage_error,
 )
@@ -249,18 +250,11 @@ class SqliteStore(VectorTables, UpkeepReads):
     async def top_by_prior(
         self, filters: Filters, ranking: RankerConfig, now: datetime, limit: int
     ) -> list[tuple[Record, float]]:
-        """Current records by ``ranker.prior`` (``prior_sql``), highest first, with it."""
-        order_sql, params = prior_sql(ranking, now)
-        where, where_params = filters_sql(filters)
-        # Rank on (seq, value) alone, then read the few winners whole: sorting whole
-        # rows would copy every record's text and JSON into the sorter.
-        rows = await self.reads.fetch(
-            f"SELECT {SELECT}, t.o FROM (SELECT r.seq AS seq, r.id AS id, {order_sql} AS o "
-            f"FROM records r WHERE {where} ORDER BY o DESC, r.id LIMIT ? OFFSET ?) t "
-            "JOIN records r ON r.seq = t.seq ORDER BY t.o DESC, t.id",
-            [*params, *where_params, limit, 0],
+        """Current records by ``ranker.prior``, highest first, with it (``rows.top_by_prior``:
+        from the records worth the most, not every record's prior)."""
+        return await rows.top_by_prior(
+            self.reads.fetch, filters_sql, SQLITE, filters, ranking, now, limit
         )
-        return [(record_of(row), float(row[-1])) for row in rows]
 
     async def get(self, record_id: str) -> Record | None:
         found = await self.get_many([record_id])
