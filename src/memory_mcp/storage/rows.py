@@ -254,7 +254,8 @@ async def top_by_prior(
     # those, the ``?`` best by prior, each with the last worth read and how many were read.
     walk = (
         f"WITH walk AS MATERIALIZED (SELECT r.seq AS seq, r.id AS id, {worth} AS w, "
-        f"{order_sql} AS o FROM records r WHERE {{where}} ORDER BY {worth} DESC "
+        f"{order_sql} AS o FROM records r WHERE r.scope_key = {mark} AND r.corpus = {mark} "
+        f"AND {{where}} ORDER BY {worth} DESC "
         f"LIMIT {mark} OFFSET {mark}) "
         "SELECT seq, id, o, (SELECT min(w) FROM walk), (SELECT count(*) FROM walk) "
         f"FROM walk ORDER BY o DESC, id LIMIT {mark}"
@@ -267,8 +268,10 @@ async def top_by_prior(
         for (key, corpus), (done, count) in rounds.items():
             one = replace(filters, scope_keys=(key,), corpora=(corpus,))
             where, where_params = filters_sql(one)
+            # the list's own equalities too: Postgres walks the index only with them
             rows = await fetch(
-                walk.format(where=where), [*params, *where_params, count, done, limit]
+                walk.format(where=where),
+                [*params, key, corpus, *where_params, count, done, limit],
             )
             found = best.get((key, corpus), []) + [
                 (float(o), str(rid), int(seq)) for seq, rid, o, _, _ in rows
