@@ -273,10 +273,11 @@ async def top_by_prior(
                 walk.format(where=where),
                 [*params, key, corpus, *where_params, count, done, limit],
             )
-            found = best.get((key, corpus), []) + [
-                (float(o), str(rid), int(seq)) for seq, rid, o, _, _ in rows
-            ]
-            best[(key, corpus)] = sorted(found, key=lambda r: (-r[0], r[1]))[:limit]
+            # by seq: a write between rounds (an access counted) can move a record
+            # across the OFFSET, so that two rounds read it
+            found = {row[2]: row for row in best.get((key, corpus), [])}
+            found.update((int(seq), (float(o), str(rid), int(seq))) for seq, rid, o, _, _ in rows)
+            best[(key, corpus)] = sorted(found.values(), key=lambda r: (-r[0], r[1]))[:limit]
             if rows and int(rows[0][4]) == count:  # else the list is read to its end
                 stopped[(key, corpus)] = float(rows[0][3])
         priors = sorted((o for found in best.values() for o, _, _ in found), reverse=True)
