@@ -7,10 +7,13 @@ their sum.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import anyio
+
+log = logging.getLogger(__name__)
 
 A = TypeVar("A")
 M = TypeVar("M")
@@ -35,8 +38,11 @@ async def alongside(
     async with anyio.create_task_group() as group:
         group.start_soon(run, "aside", aside)
         await run("main", main)
-    for name in ("main", "aside"):
-        ok, value = outcomes[name]
-        if not ok:
-            raise value
+    (main_ok, main_value), (aside_ok, aside_value) = outcomes["main"], outcomes["aside"]
+    if not main_ok:
+        if not aside_ok:  # what is raised is main's: say what the other one was
+            log.warning("work beside a failed one failed too: %r", aside_value)
+        raise main_value
+    if not aside_ok:
+        raise aside_value
     return outcomes["aside"][1], outcomes["main"][1]

@@ -162,3 +162,27 @@ def test_a_large_segment_keeps_its_codes_in_an_unnamed_file(
     assert segment.size == 1900 and segment.dead == 0 and segment.codes.in_file
     at = segment.find(np.array([2500 * dense.MAX_PASSAGES]))
     assert len(at) == 1 and np.allclose(segment.cosines(vectors[2499])[at[0]], 1.0, atol=0.02)
+
+
+def test_codes_stay_in_memory_where_a_file_cannot_be_mapped(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A folder whose files cannot be mapped (some network mounts), or a platform
+    without positional writes, keeps a large segment's codes in memory."""
+    monkeypatch.setattr(dense, "CLUSTER_FROM", 100)
+
+    def unmappable(*args: object, **kwargs: object) -> None:
+        raise OSError(19, "No such device")
+
+    monkeypatch.setattr(dense.mmap, "mmap", unmappable)
+    segment = _Segment(24, tmp_path)
+    vectors = _clustered_rows(300, 24, seed=8)
+    _fill(segment, vectors, first_seq=1)
+    assert not segment.codes.in_file and segment.codes.nbytes >= 300 * 24
+    assert np.allclose(segment.cosines(vectors[200])[200], 1.0, atol=0.02)
+    monkeypatch.undo()
+    monkeypatch.setattr(dense, "CLUSTER_FROM", 100)
+    monkeypatch.setattr(dense, "_FILES_WORK", False)
+    segment = _Segment(24, tmp_path)
+    _fill(segment, vectors, first_seq=1)
+    assert not segment.codes.in_file

@@ -150,6 +150,9 @@ class Dialect:
     days: str  # a time column (``{}``) as fractional days since any fixed epoch
     placeholder: str  # a query parameter
     real: str = "{}"  # an integer column (``{}``) as a floating-point number
+    # how a CTE read several times is kept: SQLite keeps one read twice or more on its
+    # own, and its hint needs 3.35 (older system builds reject it)
+    materialized: str = ""
 
 
 _JULIAN_UNIX_EPOCH = 2440587.5
@@ -163,6 +166,7 @@ POSTGRES = Dialect(
     f"(date_part('epoch', ({{}})::timestamptz) / 86400.0 + {_JULIAN_UNIX_EPOCH})",
     "%s",
     "({}::float8)",
+    "MATERIALIZED",
 )
 
 
@@ -253,7 +257,7 @@ async def top_by_prior(
     # One round of one list: its next ``?`` records by worth (after the first ``?``); of
     # those, the ``?`` best by prior, each with the last worth read and how many were read.
     walk = (
-        f"WITH walk AS MATERIALIZED (SELECT r.seq AS seq, r.id AS id, {worth} AS w, "
+        f"WITH walk AS {dialect.materialized} (SELECT r.seq AS seq, r.id AS id, {worth} AS w, "
         f"{order_sql} AS o FROM records r WHERE r.scope_key = {mark} AND r.corpus = {mark} "
         f"AND {{where}} ORDER BY {worth} DESC "
         f"LIMIT {mark} OFFSET {mark}) "

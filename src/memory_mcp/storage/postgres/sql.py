@@ -59,11 +59,12 @@ def lexical_sql(where: str, *, narrowed: bool = False) -> str:
     keeps the first of its records that pass them, as many as asked, before any is
     scored (as on SQLite: ``sqlite.postings.top_sql``).
     """
-    first = "SELECT p.seq FROM postings p WHERE p.list = l.id AND p.term = f.term "
+    first = "SELECT p.seq, p.impact FROM postings p WHERE p.list = l.id AND p.term = f.term "
     first += "ORDER BY p.impact DESC LIMIT %s"
-    if narrowed:
+    if narrowed:  # the join may not keep the walk's order: ordered again before the cut
         first = (
-            f"SELECT p.seq FROM ({first}) p JOIN records r ON r.seq = p.seq WHERE {where} LIMIT %s"
+            f"SELECT p.seq, p.impact FROM ({first}) p JOIN records r ON r.seq = p.seq "
+            f"WHERE {where} ORDER BY p.impact DESC, p.seq LIMIT %s"
         )
     return f"""
 WITH candidates AS MATERIALIZED (

@@ -94,6 +94,10 @@ def _quantize(vectors: npt.NDArray[np.float32]) -> tuple[npt.NDArray[np.int8], V
     return codes, scale
 
 
+# positional writes and read-only mappings (not on Windows: codes stay in memory there)
+_FILES_WORK = hasattr(os, "pwrite") and hasattr(mmap, "PROT_READ")
+
+
 class _Codes:
     """A segment's int8 rows: in an array, or in a file once the segment is large.
 
@@ -111,12 +115,16 @@ class _Codes:
         self.capacity = capacity
         self._ram: npt.NDArray[np.int8] | None = None
         self._file: IO[bytes] | None = None
+        if folder is not None and not _FILES_WORK:
+            folder = None
         if folder is not None:
             try:
                 # closed when the last _Codes that shares it goes
                 self._file = tempfile.TemporaryFile(dir=folder, prefix="memory-mcp-vectors-")  # noqa: SIM115
                 os.ftruncate(self._file.fileno(), max(1, capacity * dim))
-            except OSError as exc:  # a read-only folder, a full disk: hold them in memory
+                # a folder whose files cannot be mapped (some network mounts) fails here
+                mmap.mmap(self._file.fileno(), 1, prot=mmap.PROT_READ).close()
+            except (OSError, ValueError) as exc:  # read-only, full, unmappable: in memory
                 log.warning("vectors held in memory, not in a file in %s: %s", folder, exc)
                 self._file = None
         if self._file is None:
