@@ -45,4 +45,4 @@ async def alongside(
         raise main_value
     if not aside_ok:
         raise aside_value
-    return outcomes["aside"][1], outcomes["main"][1]
+    return aside_value, main_value

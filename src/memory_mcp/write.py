@@ -534,19 +534,19 @@ async def _store_drafts(
     # One write (an agent's store) embeds its whole text only and defers its other
     # passages; a batch embeds them all at once, in the same batched calls.
     defer = len(fresh) == 1
-    if defer and fresh[0].corpus == "facts":
-        vectors, nearby = await _one_fact(
-            engine, fresh[0], {k for d in drafts for k in d.scope_keys}
-        )
+    scope_keys = {k for d in drafts for k in d.scope_keys}
+    one_fact = defer and fresh[0].corpus == "facts"
+    nearby: Nearby | None = None
+    if one_fact:  # it loads the scopes' vectors itself, beside the model
+        vectors, nearby = await _one_fact(engine, fresh[0], scope_keys)
     else:
         vectors = await engine.embed_records([d.record.content for d in fresh], whole_only=defer)
-        nearby = None
     vector_of = dict(zip((id(d) for d in fresh), vectors or [], strict=False))
     identity = engine.embeddings.identity
     if vectors is None and fresh:
         identity = None
-    if identity is not None and nearby is None:  # load the scopes' vectors before the lock
-        await engine.store.load_vectors(identity, {k for d in drafts for k in d.scope_keys})
+    if identity is not None and not one_fact:  # load the scopes' vectors before the lock
+        await engine.store.load_vectors(identity, scope_keys)
     stamp = format_time(engine.clock())
 
     async def late(text: str) -> list[Vector] | None:
@@ -607,9 +607,9 @@ async def _one_fact(
     if mark is None:
         return vectors, None
     embedder = engine.embeddings.identity if vectors is not None else None
-    vector = vectors[0] if vectors is not None else None
+    own = vectors[0] if vectors is not None else None  # its passages' vectors (whole text)
     candidates = await neighbours(
-        store, draft.record, vector, embedder, filters, settings, lexical=lexical
+        store, draft.record, own, embedder, filters, settings, lexical=lexical
     )
     return vectors, Nearby(mark, candidates)
 

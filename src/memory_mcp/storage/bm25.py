@@ -116,6 +116,12 @@ class TopPlan:
         )
 
 
+def kept_per_walk(k: int) -> int:
+    """How many passing postings a filtered search keeps per word and list (both
+    backends' ``narrowed`` walks): as many as the first round reads, or k if more."""
+    return max(FIRST_DEPTH, k)
+
+
 Row = TypeVar("Row")
 
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from memory_mcp.lexical import query_terms, stem
 from memory_mcp.records import Record
 from memory_mcp.storage.base import Around, Filters, Scored, Vector
-from memory_mcp.storage.bm25 import FIRST_DEPTH, TopPlan, deepening
+from memory_mcp.storage.bm25 import TopPlan, deepening, kept_per_walk
 from memory_mcp.storage.postgres.sql import filters_sql, hash_sql, lexical_sql
 from memory_mcp.storage.rows import SELECT, record_of
 
@@ -94,7 +94,7 @@ class Queries:
         narrowed = filters.selective
         sql = lexical_sql(where, narrowed=narrowed)
         weights = [list(plan.weights), list(plan.weights.values())]
-        passing = [*params, max(FIRST_DEPTH, k)] if narrowed else []
+        passing = [*params, kept_per_walk(k)] if narrowed else []
 
         async def read(depth: int) -> list[Any]:
             return await self.fetch(

@@ -35,6 +35,7 @@ rows; until a clustering lands, searches score every row.
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import logging
 import math
@@ -179,8 +180,8 @@ class _Codes:
         if self._file is None:
             return self.rebuilt(np.arange(self.capacity, dtype=np.int64), capacity, None)
         os.ftruncate(self._file.fileno(), capacity * self.dim)
-        twin = object.__new__(_Codes)
-        twin.dim, twin.capacity, twin._ram, twin._file = self.dim, capacity, None, self._file
+        twin = copy.copy(self)  # the same file
+        twin.capacity = capacity
         return twin
 
     def rebuilt(self, order: npt.NDArray[np.int64], capacity: int, folder: Path | None) -> _Codes:
@@ -277,7 +278,12 @@ class _Segment:
     def _rebuild(self, order: npt.NDArray[np.int64], capacity: int) -> None:
         """Keep rows ``order`` (positions), in that order, in arrays of ``capacity`` rows."""
         folder = self.folder if capacity >= CLUSTER_FROM else None
-        grows = capacity >= self.codes.capacity and np.array_equal(order, np.arange(len(order)))
+        # every row kept, in place: the file stays (no row of it is written again)
+        grows = (
+            capacity >= self.codes.capacity
+            and len(order) == self.size
+            and np.array_equal(order, np.arange(self.size))
+        )
         if grows and folder is not None and self.codes.in_file:
             self.codes = self.codes.grown(capacity)
         else:
@@ -303,6 +309,11 @@ class _Segment:
             self.dead += hits
             if self.dead > max(BLOCK, self.size // 4):
                 self._resize(self.size - self.dead)
+
+    def vectors(self, positions: npt.NDArray[np.int64]) -> Vector:
+        """These rows as float32 vectors (from the int8 codes: unit length to about 1%)."""
+        rows: Vector = self.codes.take(positions).astype(np.float32)
+        return rows * self.scale[positions][:, None]
 
     def cosines(self, query: Vector) -> Vector:
         """The cosine of every row with the unit vector ``query`` (dropped rows too)."""
@@ -682,7 +693,7 @@ class DenseIndex:
             if exact is None:
                 raise LayoutError(f"row {int(segment.rowid[i])} is not in {self.table}")
             norm = float(np.linalg.norm(exact))
-            held = segment.codes.take(np.asarray([i]))[0].astype(np.float32) * segment.scale[i]
+            held = segment.vectors(np.asarray([i]))[0]
             if norm > 0 and float(np.abs(held - exact / norm).max()) > 0.02:
                 raise LayoutError(f"row {int(segment.rowid[i])} of {self.table} reads wrong")
 
@@ -756,8 +767,7 @@ class DenseIndex:
             at = segment.find(wanted)
             if len(at):
                 found.append(segment.rowid[at])
-                rows = segment.codes.take(at).astype(np.float32)
-                held.append(rows * segment.scale[at][:, None])
+                held.append(segment.vectors(at))
         if not found:
             return np.zeros(0, np.int64), np.zeros((0, self.dim), np.float32)
         rowid, vectors = np.concatenate(found), np.concatenate(held)

@@ -14,7 +14,7 @@ from memory_mcp.lexical import query_terms, stem
 from memory_mcp.passages import MAX_PASSAGES
 from memory_mcp.records import Record
 from memory_mcp.storage.base import Around, Filters, Scored, Vector
-from memory_mcp.storage.bm25 import FIRST_DEPTH, TopPlan, deepening
+from memory_mcp.storage.bm25 import TopPlan, deepening, kept_per_walk
 from memory_mcp.storage.sqlite import postings
 from memory_mcp.storage.sqlite.driver import OPERATIONAL_ERRORS
 from memory_mcp.storage.sqlite.sql import (
@@ -102,7 +102,7 @@ class Queries:
         narrowed = filters.selective
         sql = postings.top_sql(len(lists), len(plan.finders), where, narrowed=narrowed)
         weights = json.dumps(plan.weights)
-        passing = [*params, max(FIRST_DEPTH, k)] if narrowed else []
+        passing = [*params, kept_per_walk(k)] if narrowed else []
 
         async def read(depth: int) -> list[Any]:
             firsts = [v for n in lists for s in plan.finders for v in (n, s, depth, *passing)]
