@@ -65,7 +65,7 @@ async def test_perf_waits_for_the_clusters_and_measures_their_recall(
     from memory_mcp.storage.sqlite import dense
 
     monkeypatch.setattr(dense, "CLUSTER_FROM", 40)
-    monkeypatch.setattr(dense, "PROBES", 20)  # of about 55 clusters
+    monkeypatch.setattr(dense, "IVF_PROBES", 20)  # of about 55 clusters
     report = await run_perf([600], Settings(), samples=5, embedder=FakeEmbedder())
     (point,) = report.points
     assert point.index_wait_s is not None

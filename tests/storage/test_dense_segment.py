@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from memory_mcp.storage.base import ivf_lists
 from memory_mcp.storage.sqlite import dense
 from memory_mcp.storage.sqlite.dense import _Segment
 
@@ -63,7 +64,7 @@ def _clustered_segment(
 ) -> _Segment:
     """A segment of ``rows`` clustered rows, clustered, whose searches score ``probes``."""
     monkeypatch.setattr(dense, "CLUSTER_FROM", 1000)
-    monkeypatch.setattr(dense, "PROBES", probes)
+    monkeypatch.setattr(dense, "IVF_PROBES", probes)
     segment = _Segment(24, folder)
     _fill(segment, _clustered_rows(rows, 24, seed=seed), first_seq=1)
     assert segment.codes.in_file == (folder is not None)
@@ -87,7 +88,7 @@ def test_a_clustered_segment_scores_a_few_clusters_and_finds_the_exact_top(
     segment = _clustered_segment(monkeypatch, 4000, probes=8, seed=1, folder=folder)
     cells = segment.cell[: segment.size]
     assert (np.diff(cells) >= 0).all() and cells.max() < segment.clusters  # ordered, no tail
-    assert segment.clusters == round(dense._CLUSTERS_PER_ROOT * np.sqrt(4000))
+    assert segment.clusters == ivf_lists(4000) == 98
 
     queries = _clustered_rows(50, 24, seed=2)
     recall = []

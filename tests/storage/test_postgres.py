@@ -126,10 +126,48 @@ async def test_a_scratch_copy_lives_in_a_schema_dropped_after_it(store: Any) -> 
     assert schemas == []
 
 
-async def test_nearest_reads_the_embedders_hnsw_index(store: Any) -> None:
-    """The query's shape matches the space's partial index. (With five rows the planner
-    may rather sort them, so sequential scans are ruled out for the question.)"""
-    await filled(store)
+async def index_lists(store: Any) -> int | None:
+    """The lists of space 1's valid ivfflat index (None: it has none)."""
+    from memory_mcp.storage.postgres.vector_index import SPACES_SQL
+
+    rows = await store.fetch(SPACES_SQL, [True])
+    return None if rows[0][3] is None else int(rows[0][3])
+
+
+async def add_vectors(store: Any, first: int, last: int) -> None:
+    async with store.write() as tx:
+        for n in range(first, last):
+            vector = unit(1, n % 7, n % 5)[None, :]
+            await tx.insert(fact(f"note {n}", embedder="test:3"), vector)
+
+
+async def test_a_space_gets_its_ivfflat_index_when_full_enough_and_again_when_doubled(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With two probes, a space is indexed from the rows of four lists (7), and
+    built again, beside the old index, once its rows doubled; nothing else rebuilds."""
+    from memory_mcp.storage.postgres import vector_index
+
+    monkeypatch.setattr(vector_index, "IVF_PROBES", 2)
+    monkeypatch.setattr(vector_index, "_CHECK_LEAST", 1)
+
+    async def settled() -> int | None:
+        assert await store.load_vectors("test:3", ["/repo"], settle=60)
+        return await index_lists(store)
+
+    await add_vectors(store, 0, 5)
+    assert await settled() is None  # too few rows: every search reads them all
+    await add_vectors(store, 5, 10)
+    assert await settled() == 5  # ivf_lists(10)
+    await add_vectors(store, 10, 15)
+    assert await settled() == 5  # 15 rows want 6 lists: not yet twice the rows
+    await add_vectors(store, 15, 25)
+    assert await settled() == 8  # ivf_lists(25), built concurrently and swapped in
+    names = await store.fetch(
+        "SELECT indexname FROM pg_indexes WHERE schemaname = current_schema() "
+        "AND indexname LIKE 'vectors_space%%'"
+    )
+    assert [n for (n,) in names] == ["vectors_space_1"]
     async with store.write() as tx:
         await tx.execute("SET LOCAL enable_seqscan = off")
         plan = await tx.fetch(
@@ -137,6 +175,37 @@ async def test_nearest_reads_the_embedders_hnsw_index(store: Any) -> None:
             "ORDER BY v.embedding::vector(3) <=> '[1,0,0]'::vector(3) LIMIT 5"
         )
     assert "vectors_space_1" in "\n".join(str(row[0]) for row in plan)
+    query = unit(1, 3, 2)
+    found = await store.nearest(query, "test:3", FACTS, 5)
+    exact = await store.nearest(query, "test:3", FACTS, 5, exact=True)
+    assert [s.score for s in found] == pytest.approx([s.score for s in exact])
+
+
+async def test_opening_doctor_and_team_init_build_a_missing_or_outgrown_index(
+    store: Any, url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from memory_mcp.storage.postgres import vector_index
+    from memory_mcp.storage.postgres.doctor import diagnose
+
+    monkeypatch.setattr(vector_index, "IVF_PROBES", 2)
+    store.indexes.close()  # no background builds: the other ways are what is tested
+    await add_vectors(store, 0, 10)
+    assert await index_lists(store) is None
+    again = await open_store(settings_for(url))
+    try:
+        assert await index_lists(again) == 5  # opening builds a missing index
+    finally:
+        await again.close()
+    await add_vectors(store, 10, 25)
+    found = await diagnose(store, repair=False)
+    vectors = next(c for c in found.checks if c.name == "vectors")
+    assert vectors.problems == ["vector space 1 needs its ivfflat index built (again) with 8 lists"]
+    await diagnose(store, repair=True)
+    assert await index_lists(store) == 8
+    async with store.write() as tx:
+        await tx.execute("DROP INDEX vectors_space_1")
+    async with store.write() as tx:
+        assert await store.ensure_indexes(tx) == ["vectors_space_1"]
 
 
 async def test_a_pending_migration_runs_after_a_backup_and_a_failing_one_changes_nothing(
@@ -271,7 +340,7 @@ async def test_row_level_security_keeps_personal_memories_from_teammates_reading
         admin_settings, embedder=FakeEmbedder(), wait_for_embedder=10
     ) as admin:
         done = await admin.prepare_team()
-        assert any("vector index" in line for line in done)
+        assert any("vector space" in line for line in done)
         assert await admin.add_member(alice) == "created"
         assert await admin.add_member(bob) == "created"
         assert await admin.add_member(bob) == "joined"

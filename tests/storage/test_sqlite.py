@@ -470,7 +470,7 @@ async def test_a_clustered_scope_answers_from_its_nearest_clusters_and_falls_bac
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(dense, "CLUSTER_FROM", 200)
-    monkeypatch.setattr(dense, "PROBES", 6)
+    monkeypatch.setattr(dense, "IVF_PROBES", 6)
     rng = np.random.default_rng(8)
     centres = rng.normal(size=(12, 16))
     vectors = centres[np.arange(600) % 12] + 0.2 * rng.normal(size=(600, 16))

@@ -14,15 +14,17 @@ The same protocols as SQLite (``storage.base``), the same ranking:
   stems (``record_terms``) and the collection's totals, so the same records rank
   the same way on either backend.
 - Vectors: one ``vectors`` table; each (embedder, dimension) is a space with
-  its own partial HNSW index (cosine). pgvector filters after the index scan
-  and returns at most ``hnsw.ef_search`` rows, so searches deepen (raising
-  ef_search) while filters reject, then scan exactly (``queries.Queries.nearest``).
+  its own partial ivfflat index (cosine), built once it holds a few thousand
+  rows and again each time they double (``vector_index``). pgvector filters
+  after the index scan, so searches deepen while filters reject, then scan
+  exactly (``queries.Queries.nearest``).
 - Time: leases are measured by the database server's clock.
 
 The modules: ``store`` (``PgStore``: pool, write lock, store-wide reads),
 ``queries`` (reads shared with transactions), ``transaction`` (the writes),
 ``upkeep`` (reads for maintenance and the inbox), ``sql`` (filters, BM25),
-``migrations`` (the schema), ``dump`` (the backup format), ``doctor`` (checks,
+``migrations`` (the schema), ``vector_index`` (when each space's index is built),
+``dump`` (the backup format), ``doctor`` (checks,
 repair, backup, the dry run's copy).
 """
 

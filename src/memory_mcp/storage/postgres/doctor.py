@@ -31,6 +31,7 @@ from memory_mcp.storage.postgres.dump import (
     write_dump,
 )
 from memory_mcp.storage.postgres.migrations import MIGRATIONS
+from memory_mcp.storage.postgres.vector_index import SPACES_SQL, spaces_due
 
 if TYPE_CHECKING:
     from memory_mcp.storage.postgres.store import PgStore
@@ -177,12 +178,10 @@ async def _vectors(store: PgStore, repair: bool) -> Check:
     orphans = await store.fetch(f"SELECT count(*) {orphan_sql}")
     if int(orphans[0][0]):
         check.problems.append(f"{orphans[0][0]} vectors belong to no current record")
-    missing = await store.fetch(
-        "SELECT v.id FROM vector_indexes v WHERE NOT EXISTS (SELECT 1 FROM pg_indexes i "
-        "WHERE i.schemaname = current_schema() AND i.indexname = 'vectors_space_' || v.id)"
-    )
-    if missing:
-        check.problems.append(f"{len(missing)} vector spaces have no HNSW index")
+    for space, _, lists in spaces_due(await store.fetch(SPACES_SQL, [True])):
+        check.problems.append(
+            f"vector space {space} needs its ivfflat index built (again) with {lists} lists"
+        )
     if check.problems and repair:
         async with store.write() as tx:
             seqs = [int(seq) for seq, _ in short]
@@ -191,7 +190,7 @@ async def _vectors(store: PgStore, repair: bool) -> Check:
                 "UPDATE records SET embedder = NULL, vec_rows = 0 WHERE seq = ANY(%s)", [seqs]
             )
             await tx.execute(f"DELETE {orphan_sql}")
-            await store.ensure_indexes(tx)
+            await store.ensure_indexes(tx, grown=True)
         check.repaired = True
     return check
 
@@ -239,7 +238,7 @@ async def backup(store: PgStore, target: Path, *, force: bool = False) -> Path:
 
 async def copy_schema(source: PgStore, copy: PgStore) -> None:
     """Fill ``copy`` (freshly migrated, in another schema) with ``source``'s rows of one
-    moment (one REPEATABLE READ transaction), then make its HNSW indexes."""
+    moment (one REPEATABLE READ transaction), then make its vector indexes."""
     live = quoted(source.schema).decode()
     async with copy.connection() as conn, conn.transaction():
         await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")

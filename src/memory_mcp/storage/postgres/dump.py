@@ -5,8 +5,8 @@ one REPEATABLE READ snapshot while writers go on; no server-side program is
 needed (``pg_dump`` of the server's version is often not installed beside the
 client). Restore it into a database this memory-mcp version has opened once
 (so its schema exists) and that holds no records yet: ``psql -v
-ON_ERROR_STOP=1 -1 -f BACKUP "postgresql://…"``; the next start makes the HNSW
-indexes again.
+ON_ERROR_STOP=1 -1 -f BACKUP "postgresql://…"``; the next start builds the
+vector indexes again.
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ administrator created it already needs nothing more).
 
 Vectors of every embedder share the ``vectors`` table; each (embedder,
 dimension) gets a number (``vector_indexes.id``, the ``space`` of its rows) and
-its own partial HNSW index over ``embedding::vector(dim)``, made when the
-embedder first writes (``store.PgStore``): vectors of different embedders never
+its own partial ivfflat index over ``embedding::vector(dim)``, made once the
+space holds enough rows (``vector_index``): vectors of different embedders never
 meet in an index.
 
 Full text: FTS5 has no counterpart that computes BM25 as it does, so each
@@ -381,6 +381,21 @@ CREATE INDEX records_worth ON records
     (scope_key, corpus, live, {worth_sql(POSTGRES, table="")} DESC) INCLUDE ({WORTH_COVERS});
 """
 
+# The HNSW indexes give way to ivfflat ones (``vector_index``), which the store builds
+# when it opens: HNSW lost whole queries on stores with many near-identical passages.
+M009_IVFFLAT = """
+DO $$
+DECLARE found record;
+BEGIN
+    FOR found IN SELECT c.relname FROM pg_class c JOIN pg_am a ON a.oid = c.relam
+        WHERE a.amname = 'hnsw' AND c.relnamespace = current_schema()::regnamespace
+        AND c.relname LIKE 'vectors\\_space\\_%'
+    LOOP
+        EXECUTE format('DROP INDEX %I', found.relname);
+    END LOOP;
+END $$;
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration("m001_records", M001_RECORDS),
     Migration("m002_scope_aliases", M002_SCOPE_ALIASES),
@@ -390,6 +405,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration("m006_vectors_due", M006_VECTORS_DUE),
     Migration("m007_postings", M007_POSTINGS),
     Migration("m008_worth", M008_WORTH),
+    Migration("m009_ivfflat", M009_IVFFLAT),
 )
 
 

@@ -16,19 +16,19 @@ from memory_mcp.storage.rows import SELECT, record_of
 if TYPE_CHECKING:
     from memory_mcp.storage.postgres.store import PgStore
 
-# The nearest-neighbour search asks the HNSW index for this many rows (passages)
-# per wanted record at first (a record has two or three). pgvector (0.6) filters
-# *after* the index scan, which returns at most ``hnsw.ef_search`` rows (and may
-# return fewer): while the filters reject too many, the next round goes at least
-# twice as deep, and as deep as the share they kept says ``k`` lie (with a
-# margin), raising ef_search to that depth, up to its maximum (1,000). Deeper
-# than that, when the filters keep no row at all (a selective filter), or when
-# the index returned fewer rows than asked (a small space, or a graph that ran
-# dry), an exact scan of the records that pass the filters answers instead.
+# The nearest-neighbour search asks the space's ivfflat index (``vector_index``) for
+# this many rows (passages) per wanted record at first (a record has two or three).
+# pgvector (0.6) filters *after* the index scan, which returns the rows of the
+# ``ivfflat.probes`` lists nearest the query (set on every pooled connection) and no
+# more: while the filters reject too many, the next round goes at least twice as deep,
+# and as deep as the share they kept says ``k`` lie (with a margin), up to
+# ``_DEPTH_MAX`` rows. Deeper than that, when the filters keep no row at all (a
+# selective filter), or when the index returned fewer rows than asked (a small space,
+# or lists that ran dry), an exact scan of the records that pass the filters answers.
 _FIRST_DEPTH = 4
 _MARGIN = 1.25
 _MIN_DEPTH = 40
-EF_SEARCH_MAX = 1000
+_DEPTH_MAX = 1000
 # The write path looks for lexical candidates with a memory's rarest words
 # (as the SQLite backend does; see ``sqlite.queries``).
 _RARE_TERMS = 8
@@ -61,11 +61,10 @@ class Queries:
         sql: str,
         params: Sequence[Any] = (),
         *,
-        ef_search: int | None = None,
         binary: bool = False,
     ) -> list[Any]:
-        """The rows of one query (``ef_search``: HNSW's candidate list for this one;
-        ``binary``: in binary format, which reads vectors several times faster)."""
+        """The rows of one query (``binary``: in binary format, which reads vectors
+        several times faster)."""
         raise NotImplementedError
 
     async def lexical(
@@ -117,7 +116,7 @@ class Queries:
         self, vector: Vector, embedder: str, filters: Filters, k: int, *, exact: bool = False
     ) -> list[Scored]:
         """The ``k`` current records nearest ``vector`` (best passage), filters before ``k``;
-        from the HNSW index unless ``exact`` (then by the exact scan below)."""
+        from the ivfflat index unless ``exact`` (then by the exact scan below)."""
         space = await self._store.space(self, embedder)
         if space is None or not filters.scope_keys or k <= 0:
             return []
@@ -136,7 +135,6 @@ class Queries:
                 f"FROM best JOIN records r ON r.seq = best.seq WHERE {where} "
                 "ORDER BY best.sim DESC, r.seq LIMIT %s",
                 [query, query, depth, *params, k],
-                ef_search=depth,
             )
             if len(rows) >= k:
                 return [Scored(record_of(row), float(row[-2])) for row in rows]
@@ -144,9 +142,9 @@ class Queries:
                 break  # nothing passes, or the index gave fewer rows than asked: scan
             # How deep ``k`` records that pass lie, at the rate the filters kept so far.
             estimate = depth * k / len(rows)
-            if depth >= EF_SEARCH_MAX or estimate > EF_SEARCH_MAX:
+            if depth >= _DEPTH_MAX or estimate > _DEPTH_MAX:
                 break  # deeper than the index goes: scan
-            depth = min(max(depth * 2, math.ceil(estimate * _MARGIN)), EF_SEARCH_MAX)
+            depth = min(max(depth * 2, math.ceil(estimate * _MARGIN)), _DEPTH_MAX)
         # The exact scan: the records that pass the filters (by their indexes), each
         # with its best passage (by ``vectors``' key), never the whole space.
         rows = await self.fetch(

@@ -18,6 +18,7 @@ from memory_mcp.ranker import RankerConfig
 from memory_mcp.records import Record, format_time, utcnow
 from memory_mcp.storage import rows
 from memory_mcp.storage.base import (
+    IVF_PROBES,
     Diagnosis,
     Filters,
     StoreStats,
@@ -28,6 +29,13 @@ from memory_mcp.storage.postgres.queries import Queries
 from memory_mcp.storage.postgres.sql import filters_sql, storage_error
 from memory_mcp.storage.postgres.transaction import Transaction
 from memory_mcp.storage.postgres.upkeep import UpkeepReads
+from memory_mcp.storage.postgres.vector_index import (
+    SPACES_SQL,
+    Rebuilder,
+    build_sql,
+    memory_sql,
+    spaces_due,
+)
 from memory_mcp.storage.rows import POSTGRES, SELECT, record_of
 
 if TYPE_CHECKING:
@@ -52,6 +60,7 @@ class PgStore(UpkeepReads, Queries):
         *,
         server: str,
         vector_version: str,
+        search_path: str,
         role: str = "",
         busy_timeout_ms: int = 15000,
     ) -> None:
@@ -65,6 +74,7 @@ class PgStore(UpkeepReads, Queries):
         self._store = self
         self._write_lock = anyio.Lock()
         self._spaces: dict[str, tuple[int, int]] = {}  # embedder -> (space, dimension)
+        self.indexes = Rebuilder(url, search_path)
 
     @classmethod
     async def open(
@@ -116,7 +126,9 @@ class PgStore(UpkeepReads, Queries):
         async def configure(conn: psycopg.AsyncConnection[Any]) -> None:
             from pgvector.psycopg import register_vector_async
 
-            await conn.execute(f"SET search_path TO {path}".encode())
+            await conn.execute(
+                f"SET search_path TO {path}; SET ivfflat.probes = {IVF_PROBES}".encode()
+            )
             await register_vector_async(conn)
 
         pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
@@ -139,6 +151,7 @@ class PgStore(UpkeepReads, Queries):
             pool,
             server=str(server),
             vector_version=str(vector_version),
+            search_path=path,
             role=str(role),
             busy_timeout_ms=busy_timeout_ms,
         )
@@ -161,13 +174,14 @@ class PgStore(UpkeepReads, Queries):
 
     @property
     def details(self) -> str:
-        return f"PostgreSQL {self._server}, pgvector {self._vector_version} (HNSW, cosine)"
+        return f"PostgreSQL {self._server}, pgvector {self._vector_version} (ivfflat, cosine)"
 
     @property
     def vectors_available(self) -> bool:
         return True
 
     async def close(self) -> None:
+        self.indexes.close()
         with anyio.CancelScope(shield=True):
             await self._pool.close()
 
@@ -176,23 +190,14 @@ class PgStore(UpkeepReads, Queries):
         sql: str,
         params: Sequence[Any] = (),
         *,
-        ef_search: int | None = None,
         binary: bool = False,
     ) -> list[Any]:
         import psycopg
 
         try:
             async with self._pool.connection() as conn:
-                if ef_search is None:
-                    cursor = await conn.cursor(binary=binary).execute(sql.encode(), params)
-                    return await cursor.fetchall() if cursor.description else []
-                async with conn.transaction():
-                    await conn.execute(
-                        "SELECT set_config('hnsw.ef_search', %s, true)", [str(ef_search)]
-                    )
-                    cursor = await conn.cursor(binary=binary).execute(sql.encode(), params)
-                    rows: list[Any] = await cursor.fetchall()
-                    return rows
+                cursor = await conn.cursor(binary=binary).execute(sql.encode(), params)
+                return await cursor.fetchall() if cursor.description else []
         except psycopg.Error as exc:
             raise storage_error(exc) from exc
 
@@ -238,8 +243,9 @@ class PgStore(UpkeepReads, Queries):
     async def space(
         self, reads: Queries, embedder: str, *, dim: int | None = None
     ) -> tuple[int, int] | None:
-        """The vector space (number, dimension) of ``embedder``; made, with its HNSW
-        index, in the caller's transaction when ``dim`` is given and there is none."""
+        """The vector space (number, dimension) of ``embedder``; made in the caller's
+        transaction when ``dim`` is given and there is none (its index comes once it
+        holds enough rows: ``vector_index``)."""
         known = self._spaces.get(embedder)
         if known is None:
             rows = await reads.fetch(
@@ -265,33 +271,38 @@ class PgStore(UpkeepReads, Queries):
             [embedder, dim, format_time(utcnow())],
         )
         known = (int(rows[0][0]), dim)
-        if not await reads.make_index(index_sql(*known)):
-            log.warning(
-                "no HNSW index for %s's vectors yet (searches scan them): this role may not "
-                "create indexes; `memory-mcp team init` as the database's owner makes it",
-                embedder,
-            )
         self._spaces[embedder] = known
         return known
 
-    async def ensure_indexes(self, tx: Transaction) -> list[str]:
-        """Make the HNSW index of every vector space that lacks one (a restored copy);
-        the names of those made."""
-        rows = await tx.fetch(
-            "SELECT v.id, v.dim FROM vector_indexes v WHERE NOT EXISTS (SELECT 1 FROM pg_indexes "
-            "i WHERE i.schemaname = current_schema() AND i.indexname = 'vectors_space_' || v.id)"
-        )
+    async def ensure_indexes(self, tx: Transaction, *, grown: bool = False) -> list[str]:
+        """Build, in this transaction, the ivfflat index of every vector space that holds
+        rows enough for one and has none (a restored copy, an upgraded store), and with
+        ``grown`` also those that outgrew theirs (``vector_index.due``); their names."""
         made = []
-        for number, dim in rows:
-            if await tx.make_index(index_sql(int(number), int(dim))):
-                made.append(f"vectors_space_{number}")
+        for space, dim, lists in spaces_due(await tx.fetch(SPACES_SQL, [grown])):
+            log.info("building vectors_space_%d with %d lists", space, lists)
+            await tx.execute(f"DROP INDEX IF EXISTS vectors_space_{space}")
+            await tx.execute(memory_sql(dim, lists, local=True))
+            if not await tx.make_index(build_sql(space, dim, lists)):
+                log.warning(
+                    "no vector index for the %d-dimensional vectors yet (searches read "
+                    "every row): this role may not create indexes; `memory-mcp team init` "
+                    "as the database's owner makes it",
+                    dim,
+                )
+                break
+            made.append(f"vectors_space_{space}")
         return made
 
     async def load_vectors(
         self, embedder: str, scope_keys: Collection[str], *, settle: float = 0.0
     ) -> bool:
-        """Nothing to warm: the HNSW index lives in the database."""
-        return True
+        """Nothing to warm (the index lives in the database), but build it again in the
+        background if the space has outgrown it (``vector_index.Rebuilder``)."""
+        running = self.indexes.check()
+        if running is None or settle <= 0:
+            return running is None
+        return await anyio.to_thread.run_sync(self.indexes.wait, settle, abandon_on_cancel=True)
 
     async def write_mark(self) -> object | None:
         """None: reads made before a write transaction are made again inside it."""
@@ -471,14 +482,6 @@ def _backup_before(
         return target
 
     return backup
-
-
-def index_sql(space: int, dim: int) -> str:
-    """The partial HNSW index of one vector space (cosine distance)."""
-    return (
-        f"CREATE INDEX IF NOT EXISTS vectors_space_{space} ON vectors USING hnsw "
-        f"((embedding::vector({dim})) vector_cosine_ops) WHERE space = {space}"
-    )
 
 
 def _ident(name: str) -> str:

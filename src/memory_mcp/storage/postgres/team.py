@@ -28,8 +28,8 @@ ROLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,62}")
 
 async def prepare(store: PgStore, embedder: str | None, dim: int | None) -> list[str]:
     """Make the group role and give it the rows of the store's schema (its tables now
-    and those later migrations add); make the HNSW index of ``embedder`` now, so that
-    members (who may not create indexes) never search without one. What was done."""
+    and those later migrations add); make the space of ``embedder`` now, and build
+    every vector index that is due (members may not build indexes). What was done."""
     from psycopg import sql
 
     schema = sql.Identifier(store.schema)
@@ -55,7 +55,9 @@ async def prepare(store: PgStore, embedder: str | None, dim: int | None) -> list
         if embedder is not None and dim is not None:
             known = await store.space(tx, embedder, dim=dim)
             if known is not None:
-                done.append(f"vector index vectors_space_{known[0]} for {embedder} ({dim})")
+                done.append(f"vector space {known[0]} for {embedder} ({dim})")
+        for made in await store.ensure_indexes(tx, grown=True):
+            done.append(f"built the vector index {made}")
     return done
 
 

@@ -52,16 +52,11 @@ class Transaction(SharedWrites, Queries):
         sql: str,
         params: Sequence[Any] = (),
         *,
-        ef_search: int | None = None,
         binary: bool = False,
     ) -> list[Any]:
         import psycopg
 
         try:
-            if ef_search is not None:
-                await self._conn.execute(
-                    "SELECT set_config('hnsw.ef_search', %s, true)", [str(ef_search)]
-                )
             cursor = await self._conn.cursor(binary=binary).execute(sql.encode(), params)
             return await cursor.fetchall() if cursor.description else []
         except psycopg.Error as exc:
@@ -178,6 +173,7 @@ class Transaction(SharedWrites, Queries):
                 "unnest(%s::vector[]) WITH ORDINALITY AS x(e, n))"
             )
             params += [space, owner, list(vectors)]
+            self._store.indexes.wrote(len(vectors))
         return bool(await self.fetch(f"{sql} SELECT seq FROM r", params))
 
     async def insert_raw(self, record: Record) -> bool:
@@ -207,6 +203,7 @@ class Transaction(SharedWrites, Queries):
         self, seq: int, space: int, embedder: str, start: int, rows: Sequence[Any]
     ) -> None:
         """Write passage vectors ``start``.. of a record; it then owns ``start + len`` rows."""
+        self._store.indexes.wrote(len(rows))
         for n, row in enumerate(rows):
             await self.execute(
                 "INSERT INTO vectors (seq, passage, space, embedding) VALUES (%s, %s, %s, %s)",

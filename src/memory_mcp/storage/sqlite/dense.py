@@ -21,9 +21,9 @@ now", so applying one twice, or after a load that already saw the change, does
 no harm. An index that has fallen far behind (the log is pruned to its last
 50,000 entries) starts again from the chunk tables.
 
-A scope of ``CLUSTER_FROM`` rows or more is clustered (spherical k-means, about
-1.55 * sqrt(rows) clusters, in a background thread) and its rows ordered by
-cluster, so that a search scores the rows of the ``PROBES`` clusters nearest to
+A scope of ``CLUSTER_FROM`` rows or more is clustered (spherical k-means,
+``storage.base.ivf_lists`` clusters, in a background thread) and its rows ordered by
+cluster, so that a search scores the rows of the ``IVF_PROBES`` clusters nearest to
 the query, plus the rows written since (the tail), instead of every row: 1.9 ms
 instead of 29 ms over the 435,806 rows of a 200,000-memory project, with 0.99
 of the exact top 50 records (``bench perf`` prints the recall it measures). A
@@ -38,7 +38,6 @@ import contextlib
 import copy
 import json
 import logging
-import math
 import mmap
 import os
 import tempfile
@@ -52,7 +51,7 @@ import numpy as np
 import numpy.typing as npt
 
 from memory_mcp.passages import MAX_PASSAGES
-from memory_mcp.storage.base import Vector
+from memory_mcp.storage.base import IVF_PROBES, Vector, ivf_lists
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +68,6 @@ _SUPPORTED_LAYOUT = ("0", "1")  # sqlite-vec major, minor of the chunk tables re
 _LOAD_ATTEMPTS = 3  # loads that writes of other connections may spoil in a row
 
 CLUSTER_FROM = 20_000  # rows of a scope from which its searches probe clusters
-PROBES = 48  # clusters a search scores: 0.99 of the exact top 50 at 108k and 436k rows
-_CLUSTERS_PER_ROOT = 1.55  # clusters per square root of the rows (512 at 108k rows)
 _TAIL_SHARE = 0.1  # rows written since the clustering, as a share, that start another
 _SAMPLE_PER_CLUSTER = 48  # rows k-means trains on, per cluster
 _ROUNDS = 8  # k-means rounds
@@ -320,15 +317,15 @@ class _Segment:
         return self._score(query, [(0, self.size)])
 
     def probe(self, query: Vector) -> tuple[npt.NDArray[np.int64], Vector] | None:
-        """The positions and cosines of the rows in the ``PROBES`` clusters nearest to
+        """The positions and cosines of the rows in the ``IVF_PROBES`` clusters nearest to
         ``query``, and of the tail; None: the segment is not clustered."""
         if self.centroids is None:
             return None
         starts = self.starts
         clusters = len(self.centroids)
         near = np.arange(clusters)
-        if clusters > PROBES:
-            near = np.argpartition(-(self.centroids @ query), PROBES)[:PROBES]
+        if clusters > IVF_PROBES:
+            near = np.argpartition(-(self.centroids @ query), IVF_PROBES)[:IVF_PROBES]
         spans = [(int(starts[c]), int(starts[c + 1])) for c in np.sort(near)]
         spans.append((int(starts[clusters]), self.size))
         spans = [(a, b) for a, b in spans if b > a]
@@ -448,14 +445,14 @@ def cluster(
 ) -> tuple[Vector, npt.NDArray[np.int64], npt.NDArray[np.int32]]:
     """Centroids (unit rows) of these rows of ``codes``, and each row's nearest.
 
-    The clusters number about ``_CLUSTERS_PER_ROOT`` * sqrt(rows); k-means trains
+    The clusters number ``ivf_lists(rows)``; k-means trains
     on a sample of ``_SAMPLE_PER_CLUSTER`` rows per cluster for ``_ROUNDS`` rounds
     (the cosine ignores the rows' scales, so the codes serve as they are), then
     every row goes to its nearest centroid. Seeded, so that it is repeatable.
     """
     rng = np.random.default_rng(len(positions))
     count = len(positions)
-    clusters = max(1, min(count, round(_CLUSTERS_PER_ROOT * math.sqrt(count))))
+    clusters = ivf_lists(count)
     picked = np.sort(rng.choice(count, min(count, clusters * _SAMPLE_PER_CLUSTER), replace=False))
     sample = _units(codes.take(positions[picked]))
     centroids = sample[rng.choice(len(sample), clusters, replace=False)]
