@@ -23,6 +23,7 @@ from contextlib import asynccontextmanager, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
@@ -33,8 +34,9 @@ from memory_mcp.embedders.runtime import Embeddings
 from memory_mcp.errors import EmbedderError, InvalidInput, StorageError
 from memory_mcp.fusion import SearchPlan
 from memory_mcp.identity import ProjectIdentity
+from memory_mcp.overlap import alongside
 from memory_mcp.passages import record_passages
-from memory_mcp.records import format_time, utcnow
+from memory_mcp.records import Record, format_time, utcnow
 from memory_mcp.scope import GLOBAL_KEY, Project, project_identity
 from memory_mcp.storage.base import Store, Vector
 from memory_mcp.storage.factory import open_store
@@ -401,6 +403,8 @@ class Engine:
 
         Batched and resumable: each batch commits on its own, and a record done
         is no longer "awaiting", so an interrupted run continues where it stopped.
+        A batch is written while the model embeds the next one, so the model never
+        waits for the database (Postgres's writes cost a third of the embedding).
 
         Args:
             batch_size: records per batch (and per transaction).
@@ -420,11 +424,16 @@ class Engine:
         total = await self.store.count_needing_embedding(identity)
         done = 0
         seen: set[str] = set()
-        while most is None or len(seen) < most:
-            records = await self.store.needing_embedding(identity, batch_size)
-            fresh = [r for r in records if r.id not in seen]
+
+        async def embedded(ahead: int) -> list[tuple[Record, Vector]]:
+            """The next batch with its vectors; ``ahead``: records being written
+            meanwhile, which the read may still see awaiting."""
+            if most is not None and len(seen) >= most:
+                return []
+            records = await self.store.needing_embedding(identity, batch_size + ahead)
+            fresh = [r for r in records if r.id not in seen][:batch_size]
             if not fresh:
-                break
+                return []
             seen.update(r.id for r in fresh)
             vectors = await self.embed_records(
                 [r.content for r in fresh],
@@ -434,8 +443,16 @@ class Engine:
                 raise EmbedderError(
                     f"the embedder stopped answering: {self.embeddings.status().reason}"
                 )
+            return list(zip(fresh, vectors, strict=True))
+
+        async def write(batch: list[tuple[Record, Vector]]) -> int:
             async with self.store.write() as tx:
-                done += await tx.set_vectors(list(zip(fresh, vectors, strict=True)), identity)
+                return await tx.set_vectors(batch, identity)
+
+        batch = await embedded(0)
+        while batch:
+            written, batch = await alongside(partial(write, batch), partial(embedded, len(batch)))
+            done += written
             if progress is not None:
                 progress(done, total)
         remaining = await self.store.count_needing_embedding(identity)

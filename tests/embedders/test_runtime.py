@@ -140,7 +140,7 @@ async def test_an_explicit_backend_switches_and_reembed_converges(
         seen: list[tuple[int, int]] = []
         summary = await memory.reembed(batch_size=2, progress=lambda d, t: seen.append((d, t)))
         assert (summary.embedded, summary.remaining) == (5, 0)
-        assert seen[-1] == (5, 5)
+        assert seen == [(2, 5), (4, 5), (5, 5)]  # each batch written as the next embeds
         stats = await memory.engine.store.stats()
         assert stats.embedders == {"fake:b": 5}
         assert (await memory.search("service port", cwd=project)).mode == "hybrid"
