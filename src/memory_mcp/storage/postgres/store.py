@@ -32,8 +32,8 @@ from memory_mcp.storage.postgres.upkeep import UpkeepReads
 from memory_mcp.storage.postgres.vector_index import (
     SPACES_SQL,
     Rebuilder,
-    build_sql,
-    memory_sql,
+    build_statements,
+    index_name,
     spaces_due,
 )
 from memory_mcp.storage.rows import POSTGRES, SELECT, record_of
@@ -280,10 +280,8 @@ class PgStore(UpkeepReads, Queries):
         ``grown`` also those that outgrew theirs (``vector_index.due``); their names."""
         made = []
         for space, dim, lists in spaces_due(await tx.fetch(SPACES_SQL, [grown])):
-            log.info("building vectors_space_%d with %d lists", space, lists)
-            await tx.execute(f"DROP INDEX IF EXISTS vectors_space_{space}")
-            await tx.execute(memory_sql(dim, lists, local=True))
-            if not await tx.make_index(build_sql(space, dim, lists)):
+            log.info("building %s with %d lists", index_name(space), lists)
+            if not await tx.make_index(build_statements(space, dim, lists, concurrently=False)):
                 log.warning(
                     "no vector index for the %d-dimensional vectors yet (searches read "
                     "every row): this role may not create indexes; `memory-mcp team init` "
@@ -291,7 +289,7 @@ class PgStore(UpkeepReads, Queries):
                     dim,
                 )
                 break
-            made.append(f"vectors_space_{space}")
+            made.append(index_name(space))
         return made
 
     async def load_vectors(
@@ -409,7 +407,7 @@ class PgStore(UpkeepReads, Queries):
             "SELECT i.id, i.embedder, i.dim, (SELECT count(*) FROM vectors v "
             "WHERE v.space = i.id) FROM vector_indexes i ORDER BY i.id"
         ):
-            stats.vector_indexes.append((f"vectors_space_{number}", embedder, dim, int(count)))
+            stats.vector_indexes.append((index_name(int(number)), embedder, dim, int(count)))
         conflicts = await self.fetch("SELECT count(*) FROM conflicts WHERE resolved_at IS NULL")
         stats.open_conflicts = int(conflicts[0][0])
         size = await self.fetch(

@@ -72,15 +72,17 @@ class Transaction(SharedWrites, Queries):
             raise storage_error(exc) from exc
         return cursor.rowcount
 
-    async def make_index(self, sql: str) -> bool:
-        """Run a ``CREATE INDEX``; False (the transaction going on without it) when this
-        role may not: a team member's role is not the tables' owner (``team init``)."""
+    async def make_index(self, statements: Sequence[str]) -> bool:
+        """Run the statements that (re)build an index; False (the transaction going on
+        without any of them) when this role may not: a team member's role is not the
+        tables' owner (``team init``)."""
         import psycopg
         from psycopg import errors
 
         try:
             async with self._conn.transaction():  # a savepoint
-                await self._conn.execute(sql.encode())
+                for sql in statements:
+                    await self._conn.execute(sql.encode())
         except errors.InsufficientPrivilege:
             return False
         except psycopg.Error as exc:

@@ -16,7 +16,7 @@ An ivfflat index learns its lists from the rows there are when it is built, so:
 - it is built again, with ``ivf_lists(rows)`` lists, once the rows have doubled
   since (``due``), so that a search scores about the same share of them;
 - inside a transaction (opening a store whose space lacks one, ``doctor
-  --repair``, a copy, ``team init``) it is built there (``build_sql``); as the
+  --repair``, a copy, ``team init``) it is built there (``build_statements``); as the
   store grows, a thread of the process that wrote builds the next one
   ``CONCURRENTLY`` beside the current one and swaps them (``Rebuilder``), so
   writes and searches never wait for it.
@@ -57,7 +57,7 @@ SPACES_SQL = (
 )
 
 
-def name(space: int) -> str:
+def index_name(space: int) -> str:
     return f"vectors_space_{space}"
 
 
@@ -71,24 +71,32 @@ def due(rows: int, lists: int | None) -> int | None:
     return want
 
 
-def build_sql(space: int, dim: int, lists: int, *, concurrently: bool = False) -> str:
-    """``CREATE INDEX`` of one space's ivfflat index (cosine), named ``name(space)``
-    (with ``_next`` when ``concurrently``: the one that replaces it)."""
-    how = "CONCURRENTLY " if concurrently else ""
-    target = name(space) + ("_next" if concurrently else "")
-    return (
+def build_statements(space: int, dim: int, lists: int, *, concurrently: bool) -> list[str]:
+    """The statements that build one space's ivfflat index (cosine) with ``lists``:
+    in a transaction, in the place of the one there; ``concurrently`` (outside any
+    transaction), as ``index_name(space)_next`` beside it, then put in its place.
+
+    Each first gives the build the memory pgvector asks for (it refuses to build
+    with less): its k-means holds ``_SAMPLES`` rows a list, and about as much again
+    twice over (111 MB asked at 583 lists of 384 dimensions; 64 MB is the default).
+    """
+    current = index_name(space)
+    target, how = (current + "_next", "CONCURRENTLY ") if concurrently else (current, "")
+    megabytes = max(64, -(-3 * lists * _SAMPLES * (8 + 4 * dim) // 2**20))
+    local = "false" if concurrently else "true"
+    statements = [
+        f"DROP INDEX {how}IF EXISTS {target}",
+        f"SELECT set_config('maintenance_work_mem', '{megabytes}MB', {local})",
         f"CREATE INDEX {how}{target} ON vectors USING ivfflat "
         f"((embedding::vector({dim})) vector_cosine_ops) WITH (lists = {lists}) "
-        f"WHERE space = {space}"
-    )
-
-
-def memory_sql(dim: int, lists: int, *, local: bool) -> str:
-    """Give the build of an index the memory pgvector asks for (it refuses to build
-    with less): its k-means holds ``_SAMPLES`` rows a list, and about as much again
-    twice over (111 MB asked at 583 lists of 384 dimensions; 64 MB is the default)."""
-    megabytes = max(64, -(-3 * lists * _SAMPLES * (8 + 4 * dim) // 2**20))
-    return f"SELECT set_config('maintenance_work_mem', '{megabytes}MB', {str(local).lower()})"
+        f"WHERE space = {space}",
+    ]
+    if concurrently:
+        statements += [
+            f"DROP INDEX CONCURRENTLY IF EXISTS {current}",
+            f"ALTER INDEX {target} RENAME TO {current}",
+        ]
+    return statements
 
 
 def spaces_due(rows: Sequence[Sequence[Any]]) -> list[tuple[int, int, int]]:
@@ -179,7 +187,9 @@ class Rebuilder:
                 seen = sum(int(count) for _, _, count, _ in rows)
                 self._next_check = max(_CHECK_LEAST, seen // _CHECK_SHARE)
                 for space, dim, lists in spaces_due(rows):
-                    self._swap(conn, space, dim, lists)
+                    log.info("building %s with %d lists", index_name(space), lists)
+                    for statement in build_statements(space, dim, lists, concurrently=True):
+                        conn.execute(statement.encode())
         except errors.InsufficientPrivilege:
             self._refused = True
             log.warning(
@@ -194,14 +204,3 @@ class Rebuilder:
         finally:
             with self._lock:
                 self._conn = None
-
-    @staticmethod
-    def _swap(conn: Any, space: int, dim: int, lists: int) -> None:
-        """Build the space's next index beside its current one, then put it in its place."""
-        current, following = name(space), name(space) + "_next"
-        log.info("building %s with %d lists", current, lists)
-        conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {following}".encode())
-        conn.execute(memory_sql(dim, lists, local=False).encode())
-        conn.execute(build_sql(space, dim, lists, concurrently=True).encode())
-        conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {current}".encode())
-        conn.execute(f"ALTER INDEX {following} RENAME TO {current}".encode())
