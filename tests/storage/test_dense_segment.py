@@ -105,6 +105,24 @@ def test_a_clustered_segment_scores_a_few_clusters_and_finds_the_exact_top(
     assert np.mean(recall) >= 0.95
 
 
+def test_the_rows_a_filter_keeps_score_as_every_row_does(folder: Path | None) -> None:
+    """``cosines_at`` (an exact search's rows of one kind) gives the cosines ``cosines``
+    gives those rows, over several gathered blocks, from memory and from a file."""
+    segment = _Segment(24, folder)
+    vectors = _clustered_rows(3000, 24, seed=5)
+    rowids = np.arange(1, 3001, dtype=np.int64) * dense.MAX_PASSAGES
+    kinds = (np.arange(3000) % 5 == 0).astype(np.int16)  # a fifth of the rows: kind 1
+    segment.append(rowids, np.zeros(3000, np.int16), kinds, vectors)
+    segment.drop(np.array([6, 11]))  # two rows of kind 1 dropped
+    kind_ok = np.array([False, True])
+    keep = segment.passing(np.array([True, False]), kind_ok, slice(0, segment.size))
+    positions = np.flatnonzero(keep)
+    assert len(positions) == 598 > 2 * dense._GATHER_BLOCK
+    assert (segment.kind[positions] == 1).all() and (segment.rowid[positions] >= 0).all()
+    query = vectors[7]
+    assert np.allclose(segment.cosines_at(query, positions), segment.cosines(query)[positions])
+
+
 def test_rows_written_after_the_clustering_are_scored_in_the_tail(
     monkeypatch: pytest.MonkeyPatch, folder: Path | None
 ) -> None:

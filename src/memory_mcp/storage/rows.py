@@ -66,33 +66,67 @@ VISIBLE = "(r.user_name IN (%s, '') OR (r.scope_key <> '' AND r.private = 0))"
 
 
 def record_of(row: Sequence[Any]) -> Record:
-    values = dict(zip(COLUMNS, row, strict=False))
+    """The record of a row that starts with ``COLUMNS`` (more columns may follow).
+
+    A search reads a hundred or more rows: the empty lists and maps most records
+    hold are not parsed as JSON (half of the cost of a row).
+    """
+    (
+        record_id,
+        corpus,
+        kind,
+        scope,
+        scope_key,
+        content,
+        tags,
+        importance,
+        pinned,
+        agent,
+        created_at,
+        updated_at,
+        access_count,
+        last_access_at,
+        fold_count,
+        merged_from,
+        supersedes,
+        replaced_by,
+        embedder,
+        meta,
+        archived_at,
+        archived_reason,
+        user_name,
+        private,
+    ) = row[: len(COLUMNS)]
     return Record(
-        id=values["id"],
-        corpus=values["corpus"],
-        kind=values["kind"],
-        scope=values["scope"],
-        scope_key=values["scope_key"],
-        content=values["content"],
-        tags=json.loads(values["tags"]),
-        importance=values["importance"],
-        pinned=bool(values["pinned"]),
-        agent=values["agent"],
-        created_at=values["created_at"],
-        updated_at=values["updated_at"],
-        access_count=values["access_count"],
-        last_access_at=values["last_access_at"],
-        fold_count=values["fold_count"],
-        merged_from=[MergedEntry.from_json(m) for m in json.loads(values["merged_from"])],
-        supersedes=json.loads(values["supersedes"]),
-        replaced_by=values["replaced_by"],
-        embedder=values["embedder"],
-        meta=json.loads(values["meta"]),
-        archived_at=values["archived_at"],
-        archived_reason=values["archived_reason"],
-        user=values["user_name"],
-        private=bool(values["private"]),
+        id=record_id,
+        corpus=corpus,
+        kind=kind,
+        scope=scope,
+        scope_key=scope_key,
+        content=content,
+        tags=_json_list(tags),
+        importance=importance,
+        pinned=bool(pinned),
+        agent=agent,
+        created_at=created_at,
+        updated_at=updated_at,
+        access_count=access_count,
+        last_access_at=last_access_at,
+        fold_count=fold_count,
+        merged_from=[MergedEntry.from_json(m) for m in _json_list(merged_from)],
+        supersedes=_json_list(supersedes),
+        replaced_by=replaced_by,
+        embedder=embedder,
+        meta={} if meta == "{}" else json.loads(meta),
+        archived_at=archived_at,
+        archived_reason=archived_reason,
+        user=user_name,
+        private=bool(private),
     )
+
+
+def _json_list(text: str) -> list[Any]:
+    return [] if text == "[]" else list(json.loads(text))
 
 
 def tags_json(record: Record) -> str:

@@ -60,6 +60,11 @@ Fetch = Callable[[str, Sequence[Any]], Awaitable[list[Any]]]
 
 _UNSORTED_MOST = 4096  # rows appended since ``find`` sorted the rowids, before it sorts again
 BLOCK = 1024  # rows scored at a time: the float32 copy of a block stays in cache
+# An exact search scores every row of a segment in place, unless at most three
+# quarters of them pass its filters: then those rows only, gathered a few at a time
+# (a row gathered costs 1.15x a row in place in blocks of 256; 3x in blocks of 1024).
+_GATHER_SHARE = 0.75
+_GATHER_BLOCK = 256
 KEEP_CHANGES = 50_000  # log entries kept; a reader further behind reloads
 _RELOAD_AFTER = 20_000  # changes to catch up on beyond which a reload is cheaper
 _SUPPORTED_LAYOUT = ("0", "1")  # sqlite-vec major, minor of the chunk tables read here
@@ -307,6 +312,18 @@ class _Segment:
             if self.dead > max(BLOCK, self.size // 4):
                 self._resize(self.size - self.dead)
 
+    def passing(
+        self,
+        corpus_ok: npt.NDArray[np.bool_],
+        kind_ok: npt.NDArray[np.bool_] | None,
+        at: npt.NDArray[np.int64] | slice,
+    ) -> npt.NDArray[np.bool_]:
+        """Which of the rows ``at`` are live and of an allowed corpus and kind."""
+        keep: npt.NDArray[np.bool_] = (self.rowid[at] >= 0) & corpus_ok[self.corpus[at]]
+        if kind_ok is not None:
+            keep &= kind_ok[self.kind[at]]
+        return keep
+
     def vectors(self, positions: npt.NDArray[np.int64]) -> Vector:
         """These rows as float32 vectors (from the int8 codes: unit length to about 1%)."""
         rows: Vector = self.codes.take(positions).astype(np.float32)
@@ -333,6 +350,24 @@ class _Segment:
             [np.arange(a, b, dtype=np.int64) for a, b in spans] or [np.zeros(0, np.int64)]
         )
         return positions, self._score(query, spans)
+
+    def cosines_at(self, query: Vector, positions: npt.NDArray[np.int64]) -> Vector:
+        """The cosines of the rows at these positions (ascending) with ``query``.
+
+        The rows a filter keeps: the rows of a kind that holds a sixth of them cost
+        a fifth of ``cosines`` (1.4 vs 7.4 ms of 111,639 rows).
+        """
+        out = np.empty(len(positions), np.float32)
+        block = np.empty((_GATHER_BLOCK, self.dim), np.float32)
+        with self.codes.rows() as codes:
+            for start in range(0, len(positions), _GATHER_BLOCK):
+                at = positions[start : start + _GATHER_BLOCK]
+                part = block[: len(at)]
+                np.copyto(part, codes[at], casting="unsafe")
+                np.matmul(part, query, out=out[start : start + len(at)])
+            del codes
+        out *= self.scale[positions]
+        return out
 
     def _score(self, query: Vector, spans: Sequence[tuple[int, int]]) -> Vector:
         """The cosines of the rows of these position spans, in order, with ``query``."""
@@ -720,16 +755,19 @@ class DenseIndex:
                 continue
             probed = None if exact else segment.probe(unit)
             if probed is None:
+                keep = segment.passing(corpus_ok, kind_ok, slice(0, segment.size))
+                passing = np.flatnonzero(keep)
+                if len(passing) <= _GATHER_SHARE * segment.size:  # a kind's: those only
+                    all_ids.append(segment.rowid[passing])
+                    all_sims.append(segment.cosines_at(unit, passing))
+                    continue
                 at: npt.NDArray[np.int64] | slice = slice(0, segment.size)
                 sims = segment.cosines(unit)
             else:
                 at, sims = probed
+                keep = segment.passing(corpus_ok, kind_ok, at)
                 every = False
-            rowid = segment.rowid[at]
-            keep = (rowid >= 0) & corpus_ok[segment.corpus[at]]
-            if kind_ok is not None:
-                keep &= kind_ok[segment.kind[at]]
-            all_ids.append(rowid[keep])
+            all_ids.append(segment.rowid[at][keep])
             all_sims.append(sims[keep])
         if not all_ids:
             return np.zeros(0, np.int64), np.zeros(0, np.float32), True

@@ -197,10 +197,9 @@ class Queries:
             ):
                 seq = owner_of(rowid)
                 best[seq] = max(best.get(seq, -1.0), similarity)
-            scored = await self._records_by_seq(best, filters)
+            scored = await self._records_by_seq(best, filters, k)
             if len(scored) >= k or top is None:
-                scored.sort(key=lambda s: -s.score)
-                return scored[:k]
+                return scored
             depth *= 2
             if depth > _KNN_MAX:  # a selective filter: keep the rows of records that pass it
                 passing = await self.fetch(f"SELECT r.seq FROM records r WHERE {where}", params)
@@ -267,18 +266,22 @@ class Queries:
             for rowid, distance in hits:
                 seq = owner_of(rowid)
                 best[seq] = max(best.get(seq, -1.0), 1.0 - float(distance))
-            scored = await self._records_by_seq(best, filters)
+            scored = await self._records_by_seq(best, filters, k)
             if len(scored) >= k or len(hits) < depth or depth >= _KNN_MAX:
-                scored.sort(key=lambda s: -s.score)
-                return scored[:k]
+                return scored
             depth = min(_KNN_MAX, depth * 2)
 
-    async def _records_by_seq(self, best: dict[int, float], filters: Filters) -> list[Scored]:
+    async def _records_by_seq(
+        self, best: dict[int, float], filters: Filters, k: int
+    ) -> list[Scored]:
+        """The ``k`` best of these records (by ``seq``, with their scores) that pass
+        the filters, best first; only those are made records from their rows."""
         if not best:
             return []
         where, params = filters_sql(filters)
         rows = await self.fetch(by_seq_sql(best, where), [*best, *params])
-        return [Scored(record_of(row), best[int(row[-1])]) for row in rows]
+        rows.sort(key=lambda row: -best[int(row[-1])])
+        return [Scored(record_of(row), best[int(row[-1])]) for row in rows[:k]]
 
     async def dense_scores(
         self, vector: Vector, embedder: str, record_ids: Sequence[str]
