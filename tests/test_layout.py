@@ -135,7 +135,13 @@ def test_no_import_circle_in_the_package() -> None:
 
 
 # The adapters: what parses input from a person or an agent CLI and formats the answer.
-ADAPTERS = ("memory_mcp.__main__", "memory_mcp.cli", "memory_mcp.mcp", "memory_mcp.agents")
+ADAPTERS = (
+    "memory_mcp.__main__",
+    "memory_mcp.cli",
+    "memory_mcp.mcp",
+    "memory_mcp.agents",
+    "memory_mcp.viewer",
+)
 
 
 def _is_adapter(module: str) -> bool:

@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client.sse import sse_client
@@ -151,6 +152,16 @@ async def test_streamable_http_round_trip(env: dict[str, str], project: Path) ->
             client(url, "codex"),
             cwd=project,
         )
+        # the viewer's pages beside the MCP endpoint, behind their own guard
+        viewer = url.removesuffix("/mcp") + "/ui/"
+        async with httpx.AsyncClient() as http:
+            page = await http.get(viewer)
+            assert page.status_code == 200 and "1</strong> memories" in page.text
+            assert "script-src" not in page.headers["content-security-policy"]
+            assert "default-src 'none'" in page.headers["content-security-policy"]
+            assert (await http.get(viewer + "conflicts")).status_code == 200
+            refused = await http.post(viewer + "restore", data={"id": "x"})
+            assert refused.status_code == 403
 
 
 async def test_sse_round_trip(env: dict[str, str], project: Path) -> None:

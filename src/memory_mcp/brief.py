@@ -69,6 +69,8 @@ class Brief:
     budget: int
     ids: list[str] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
+    # The records it read for its lines whose lines the budget left out, best first.
+    left_out: list[str] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
@@ -116,10 +118,13 @@ async def build_brief(
     now: datetime | None = None,
     budget: int | None = None,
     dated: bool = False,
+    keys: tuple[str, ...] | None = None,
 ) -> Brief:
     """The spawn brief of ``cwd``'s project.
 
     Args:
+        keys: the project's scope keys, when the caller knows them (the viewer lists
+            projects by key, not by directory); ``cwd`` is then not read.
         dated: show when each memory was written as a date instead of an age, and
             no "as of" time, so the text changes only when the memory does (what
             ``inject`` writes into prompt files, to avoid churn).
@@ -127,7 +132,7 @@ async def build_brief(
     settings = engine.settings.brief
     now = now or engine.clock()
     budget = budget or settings.budget_tokens
-    project = await engine.scope_keys("project", cwd)
+    project = keys if keys is not None else await engine.scope_keys("project", cwd)
     width = settings.line_chars
 
     def when(record: Record) -> str:
@@ -216,10 +221,20 @@ async def build_brief(
         chosen[last].pop()
         text = _render(chosen, stamp, advice)
     ids = [rid for part in chosen.values() for rid, _ in part]
+    offered = [rid for rid, _ in head] + [rid for part in lines.values() for rid, _ in part]
+    kept = set(ids)
+    left_out = [rid for rid in dict.fromkeys(offered) if rid not in kept]
     if not ids:  # nothing fits the budget: no brief rather than an empty frame
-        return Brief(text="", tokens=0, budget=budget)
+        return Brief(text="", tokens=0, budget=budget, left_out=left_out)
     counts = {name: len(part) for name, part in chosen.items() if part}
-    return Brief(text=text, tokens=estimate_tokens(text), budget=budget, ids=ids, counts=counts)
+    return Brief(
+        text=text,
+        tokens=estimate_tokens(text),
+        budget=budget,
+        ids=ids,
+        counts=counts,
+        left_out=left_out,
+    )
 
 
 def _render(chosen: dict[str, list[tuple[str, str]]], now: datetime | None, advice: str) -> str:

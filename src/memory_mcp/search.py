@@ -67,11 +67,14 @@ async def search(
     now: datetime | None = None,
     count_access: bool = True,
     min_relevance: float | None = None,
+    agents: Sequence[str] = (),
+    keys: Sequence[str] | None = None,
 ) -> SearchResult:
     """Hybrid search, ranked by the one ranker; hits count as accesses.
 
     ``min_relevance`` overrides ``search.min_relevance`` (0: a full ranking,
-    as a benchmark run needs).
+    as a benchmark run needs). ``agents``: only what these agents wrote. ``keys``:
+    the scope keys to read, instead of those ``scope`` and ``cwd`` name.
 
     Raises:
         InvalidInput: a bad argument (the message says what to change).
@@ -94,9 +97,10 @@ async def search(
         )
     filters = Filters(
         viewer=engine.user,
-        scope_keys=await engine.scope_keys(scope, cwd),
+        scope_keys=tuple(keys) if keys is not None else await engine.scope_keys(scope, cwd),
         corpora=tuple(corpora),
         kinds=tuple(kinds),
+        agents=tuple(a.strip() for a in agents if a.strip()),
         tags=tuple(without_surrogates(t).strip().casefold() for t in tags if t.strip()),
         since=after,
         until=before,

@@ -36,6 +36,7 @@ from memory_mcp.write import StoreRequest, store_many, store_valid
 if TYPE_CHECKING:
     from memory_mcp.brief import Brief
     from memory_mcp.conflicts import ConflictView, Keep
+    from memory_mcp.curation import History, ProjectSummary
     from memory_mcp.exchange import ExportSummary, ImportSummary
     from memory_mcp.ingest import IngestSummary
     from memory_mcp.maintenance import TaskReport
@@ -239,6 +240,8 @@ class MemoryService:
         now: datetime | None = None,
         count_access: bool = True,
         min_relevance: float | None = None,
+        agents: Sequence[str] = (),
+        keys: Sequence[str] | None = None,
     ) -> SearchResult:
         """Hybrid search, ranked by the one ranker; hits count as accesses (``search.search``)."""
         return await search.search(
@@ -256,6 +259,8 @@ class MemoryService:
             now=now,
             count_access=count_access,
             min_relevance=min_relevance,
+            agents=agents,
+            keys=keys,
         )
 
     async def project_search(
@@ -458,6 +463,77 @@ class MemoryService:
         from memory_mcp.conflicts import resolve_conflict
 
         return await resolve_conflict(self.engine, conflict_id, keep, text)
+
+    # What the viewer shows (``curation``) -----------------------------------------------
+
+    @property
+    def user(self) -> str:
+        """Whom the work is for: the acting user (``acting_as``), else the store's."""
+        return self.engine.user
+
+    async def projects(self) -> list[ProjectSummary]:
+        """Every scope the user may read records of, with its counts (``curation.projects``)."""
+        from memory_mcp import curation
+
+        return await curation.projects(self.engine)
+
+    async def project_keys(self, key: str) -> tuple[str, ...]:
+        """A scope's key and the earlier keys attached to it."""
+        from memory_mcp import curation
+
+        return await curation.project_keys(self.engine, key)
+
+    async def listing(
+        self,
+        keys: Sequence[str],
+        *,
+        kind: str = "",
+        agent: str = "",
+        tag: str = "",
+        since: str = "",
+        until: str = "",
+        limit: int,
+        offset: int = 0,
+    ) -> list[Record]:
+        """Current records, newest first, a page at a time (``curation.listing``)."""
+        from memory_mcp import curation
+
+        return await curation.listing(
+            self.engine,
+            keys,
+            kind=kind,
+            agent=agent,
+            tag=tag,
+            since=since,
+            until=until,
+            limit=limit,
+            offset=offset,
+        )
+
+    async def readable(self, record_id: str) -> Record:
+        """A record the user may read, current or not (``curation.readable``)."""
+        from memory_mcp import curation
+
+        return await curation.readable(self.engine, record_id)
+
+    async def records(self, record_ids: Sequence[str]) -> list[Record]:
+        """The records among these that the user may read, in that order."""
+        found = {r.id: r for r in await self.engine.store.get_many(record_ids)}
+        return [
+            found[i] for i in record_ids if i in found and found[i].visible_to(self.engine.user)
+        ]
+
+    async def history(self, record: Record) -> History:
+        """A record's supersede chain both ways and its open conflicts."""
+        from memory_mcp import curation
+
+        return await curation.history(self.engine, record)
+
+    async def project_brief(self, key: str, *, budget: int | None = None) -> Brief:
+        """The spawn brief of the project stored under ``key``."""
+        from memory_mcp import curation
+
+        return await curation.project_brief(self.engine, key, budget=budget)
 
     async def doctor(self, *, repair: bool = False) -> Diagnosis:
         """Check the store (and with ``repair``, rebuild what disagrees with the records)."""

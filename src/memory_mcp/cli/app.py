@@ -11,7 +11,7 @@ import typer
 
 from memory_mcp import __version__
 from memory_mcp.bench.cli import bench_app
-from memory_mcp.cli import agents, memories, projects, serve, status, team, transfer, upkeep
+from memory_mcp.cli import agents, memories, projects, serve, status, team, transfer, ui, upkeep
 from memory_mcp.cli.base import err, out
 
 app = typer.Typer(
@@ -55,6 +55,7 @@ def _root(
 app.command()(memories.store)
 app.command()(memories.search)
 app.command()(serve.serve)
+app.command()(ui.ui)
 app.command()(memories.forget)
 app.command()(memories.brief)
 app.command()(agents.inject)

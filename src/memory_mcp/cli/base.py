@@ -15,7 +15,7 @@ import anyio
 import typer
 
 from memory_mcp.config import LoadedSettings, load_settings, replaced
-from memory_mcp.errors import MemoryMcpError
+from memory_mcp.errors import ConfigError, MemoryMcpError
 from memory_mcp.records import age
 from memory_mcp.scope import project_root
 from memory_mcp.service import MemoryService
@@ -50,6 +50,21 @@ _DOWNLOAD_WAIT = 600.0
 
 def settings_for(cwd: Path | None) -> LoadedSettings:
     return load_settings(project_root=project_root(cwd))
+
+
+def serve_settings(cwd: Path | None, command: str, **given: object) -> LoadedSettings:
+    """The settings, with the ``serve`` options a command was given (None: not given).
+
+    Raises:
+        ConfigError: an option's value is not one ``serve`` accepts.
+    """
+    loaded = settings_for(cwd)
+    changes = {key: value for key, value in given.items() if value is not None}
+    try:
+        loaded.settings.serve = replaced(loaded.settings.serve, **changes)
+    except ConfigError as exc:
+        raise ConfigError(f"bad {command} option: {exc}") from None
+    return loaded
 
 
 @contextmanager

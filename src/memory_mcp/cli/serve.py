@@ -13,10 +13,8 @@ from memory_mcp.cli.base import (
     CwdOption,
     engine_errors,
     err,
-    settings_for,
+    serve_settings,
 )
-from memory_mcp.config import replaced
-from memory_mcp.errors import ConfigError
 
 
 class TransportChoice(StrEnum):
@@ -55,14 +53,8 @@ def serve(
 
     if transport is TransportChoice.stdio:
         front.run(str(cwd) if cwd else None)
-    loaded = settings_for(cwd)
-    given = {"host": host, "port": port, "token": token}
-    changes = {key: value for key, value in given.items() if value is not None}
     with engine_errors():
-        try:
-            loaded.settings.serve = replaced(loaded.settings.serve, **changes)
-        except ConfigError as exc:
-            raise ConfigError(f"bad serve option: {exc}") from None
+        loaded = serve_settings(cwd, "serve", host=host, port=port, token=token)
         announce = partial(err.print, "memory-mcp:")
         http: Transport = "sse" if transport is TransportChoice.sse else "streamable-http"
         anyio.run(partial(run_server, loaded, http, ready=announce))

@@ -285,7 +285,7 @@ async def _serve_http(
     ready: Callable[[str], None] | None,
     listener: socket.socket,
 ) -> None:
-    import uvicorn
+    from memory_mcp.viewer.app import build_app
 
     security = transport_security(settings)
     if transport == "sse":
@@ -293,23 +293,68 @@ async def _serve_http(
     else:
         app = server.streamable_http_app(transport_security=security, host=settings.host)
     tokens = Tokens(settings.token, tokens_path(settings) if settings.tokens_file else None)
-    asgi: ASGIApp = BearerAuth(app, tokens) if tokens.required else app
+    mcp: ASGIApp = BearerAuth(app, tokens) if tokens.required else app
+    # The viewer's pages under /ui: signed in by a cookie (a browser sends no bearer token).
+    viewer = build_app(memory, tokens=tokens, security=security, prefix=VIEWER_PATH)
+    asgi = _Paths(mcp, viewer)
+    url = f"{base_url(settings)}{PATHS[transport]}"
+    line = f"serving MCP over {transport} at {url} ({memory.location}); viewer at "
+    line += f"{base_url(settings)}{VIEWER_PATH}/"
+    await serve_asgi(asgi, settings, listener, line if ready is not None else None, ready)
+
+
+VIEWER_PATH = "/ui"
+
+
+class _Paths:
+    """The viewer's paths to the viewer, everything else (and the lifespan) to MCP."""
+
+    def __init__(self, mcp: ASGIApp, viewer: ASGIApp) -> None:
+        self.mcp = mcp
+        self.viewer = viewer
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "") if scope["type"] == "http" else ""
+        if path == VIEWER_PATH or path.startswith(VIEWER_PATH + "/"):
+            await self.viewer(scope, receive, send)
+        else:
+            await self.mcp(scope, receive, send)
+
+
+def base_url(settings: ServeSettings, port: int | None = None) -> str:
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    return f"http://{host}:{settings.port if port is None else port}"
+
+
+async def serve_asgi(
+    asgi: ASGIApp,
+    settings: ServeSettings,
+    listener: socket.socket,
+    line: str | None,
+    ready: Callable[[str], None] | None,
+) -> None:
+    """Serve ``asgi`` with uvicorn on ``listener`` until SIGINT / SIGTERM; ``ready`` gets
+    ``line`` once it serves.
+
+    Raises:
+        ConfigError: uvicorn could not start.
+    """
+    import uvicorn
+
     config = uvicorn.Config(
         asgi,
         host=settings.host,
-        port=settings.port,
+        port=listener.getsockname()[1],
         log_level="warning",
         lifespan="on",
         timeout_graceful_shutdown=5,
     )
-    host = f"[{settings.host}]" if ":" in settings.host else settings.host
-    url = f"http://{host}:{settings.port}{PATHS[transport]}"
 
     class Http(uvicorn.Server):
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets=sockets)
-            if self.started and ready is not None:
-                ready(f"serving MCP over {transport} at {url} ({memory.location})")
+            if self.started and ready is not None and line is not None:
+                ready(line)
 
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
@@ -336,4 +381,4 @@ async def _serve_http(
     with contextlib.suppress(SystemExit):  # uvicorn exits when it cannot start
         await http.serve(sockets=[listener])
     if not http.started:
-        raise ConfigError(f"could not serve at {url} (see the log above)")
+        raise ConfigError(f"could not serve at {base_url(settings)} (see the log above)")

@@ -56,6 +56,7 @@ class Filters:
     corpora: tuple[Corpus, ...]
     kinds: tuple[str, ...] = ()
     tags: tuple[str, ...] = ()  # any of them
+    agents: tuple[str, ...] = ()  # written by any of these agents
     since: str | None = None  # created_at >= since
     until: str | None = None  # created_at < until
     exclude_ids: tuple[str, ...] = ()
@@ -66,9 +67,8 @@ class Filters:
     @property
     def selective(self) -> bool:
         """Whether they ask more of a record than its scope and corpus (and liveness)."""
-        return bool(self.kinds or self.tags or self.since or self.until or self.exclude_ids) or (
-            self.viewer is not None or self.private is not None
-        )
+        asked = (self.kinds, self.tags, self.agents, self.since, self.until, self.exclude_ids)
+        return any(asked) or (self.viewer is not None or self.private is not None)
 
 
 @dataclass
@@ -96,6 +96,18 @@ class StoreStats:
     vector_indexes: list[tuple[str, str, int, int]] = field(default_factory=list)
     open_conflicts: int = 0
     database_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class RecordCount:
+    """Current records of one corpus, agent and month (``YYYY-MM``), and how many of
+    them have vectors."""
+
+    corpus: str
+    agent: str
+    month: str
+    records: int
+    embedded: int
 
 
 @dataclass
@@ -257,8 +269,13 @@ class RecordReads(Protocol):
         """The records that exist of these ids, in the order asked."""
         ...
 
-    async def current(self, filters: Filters, limit: int) -> list[Record]:
-        """Current records matching ``filters``, newest first."""
+    async def current(self, filters: Filters, limit: int, offset: int = 0) -> list[Record]:
+        """Current records matching ``filters``, newest first (after the first ``offset``)."""
+        ...
+
+    async def record_counts(self, filters: Filters) -> list[RecordCount]:
+        """How many current records ``filters`` let through, by corpus, agent and month,
+        and how many of them have vectors (``rows.record_counts``)."""
         ...
 
     async def find_by_hash(self, content_hash: str, filters: Filters) -> list[Record]:

@@ -22,7 +22,7 @@ from memory_mcp.ranker import (
     RankerConfig,
 )
 from memory_mcp.records import Conflict, Corpus, MergedEntry, Record, derived
-from memory_mcp.storage.base import Filters, TaskState
+from memory_mcp.storage.base import Filters, RecordCount, TaskState
 
 COLUMNS = (
     "id",
@@ -335,6 +335,20 @@ async def top_by_prior(
     )
     by_seq = {int(row[-1]): record_of(row) for row in rows}
     return [(by_seq[seq], prior) for prior, _, seq in top if seq in by_seq]
+
+
+async def record_counts(
+    fetch: Fetch, filters_sql: Callable[[Filters], tuple[str, list[Any]]], filters: Filters
+) -> list[RecordCount]:
+    """The store's ``record_counts``, for either backend (its ``fetch`` and ``filters_sql``):
+    one pass over the records the filters let through, grouped."""
+    where, params = filters_sql(filters)
+    rows = await fetch(
+        "SELECT r.corpus, r.agent, substr(r.created_at, 1, 7), count(*), count(r.embedder) "
+        f"FROM records r WHERE {where} GROUP BY r.corpus, r.agent, substr(r.created_at, 1, 7)",
+        params,
+    )
+    return [RecordCount(str(c), str(a), str(m), int(n), int(e)) for c, a, m, n, e in rows]
 
 
 # The parameters of the updates both backends make, in their statements' order.

@@ -25,6 +25,9 @@ def filters_sql(f: Filters, *, live_only: bool = True) -> tuple[str, list[Any]]:
             "WHERE t.tag = ANY(%s))"
         )
         params.append(list(f.tags))
+    if f.agents:
+        clauses.append("r.agent = ANY(%s)")
+        params.append(list(f.agents))
     if f.since:
         clauses.append("r.created_at >= %s")
         params.append(f.since)

@@ -21,6 +21,7 @@ from memory_mcp.storage.base import (
     IVF_PROBES,
     Diagnosis,
     Filters,
+    RecordCount,
     StoreStats,
 )
 from memory_mcp.storage.factory import redacted
@@ -316,6 +317,9 @@ class PgStore(UpkeepReads, Queries):
         return await rows.top_by_prior(
             self.fetch, filters_sql, POSTGRES, filters, ranking, now, limit
         )
+
+    async def record_counts(self, filters: Filters) -> list[RecordCount]:
+        return await rows.record_counts(self.fetch, filters_sql, filters)
 
     async def get_many(self, record_ids: Sequence[str]) -> list[Record]:
         if not record_ids:

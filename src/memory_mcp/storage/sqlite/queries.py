@@ -404,12 +404,12 @@ class Queries:
         rows = await self.fetch(hash_sql(where), [content_hash, *params])
         return [record_of(row) for row in rows]
 
-    async def current(self, filters: Filters, limit: int) -> list[Record]:
-        """Current records matching ``filters``, newest first."""
+    async def current(self, filters: Filters, limit: int, offset: int = 0) -> list[Record]:
+        """Current records matching ``filters``, newest first (after the first ``offset``)."""
         where, params = filters_sql(filters)
         rows = await self.fetch(
             f"SELECT {SELECT} FROM records r WHERE {where} "
-            "ORDER BY r.created_at DESC, r.seq DESC LIMIT ?",
-            [*params, limit],
+            "ORDER BY r.created_at DESC, r.seq DESC LIMIT ? OFFSET ?",
+            [*params, limit, offset],
         )
         return [record_of(row) for row in rows]

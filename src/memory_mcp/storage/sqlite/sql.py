@@ -62,6 +62,9 @@ def filters_sql(f: Filters, *, live_only: bool = True) -> tuple[str, list[Any]]:
     if f.tags:
         clauses.append(tags_sql(f.tags))
         params.extend([*(json.dumps(t) for t in f.tags if _plain(f.tags)), *f.tags])
+    if f.agents:
+        clauses.append(f"r.agent IN ({marks(f.agents)})")
+        params.extend(f.agents)
     if f.since:
         clauses.append("r.created_at >= ?")
         params.append(f.since)

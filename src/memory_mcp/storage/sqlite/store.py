@@ -26,6 +26,7 @@ from memory_mcp.storage.base import (
     Around,
     Diagnosis,
     Filters,
+    RecordCount,
     Scored,
     StoreStats,
     Vector,
@@ -241,8 +242,11 @@ class SqliteStore(VectorTables, UpkeepReads):
     ) -> dict[str, Around]:
         return await self.reads.in_conversation(record_ids, within_seconds, embedder)
 
-    async def current(self, filters: Filters, limit: int) -> list[Record]:
-        return await self.reads.current(filters, limit)
+    async def current(self, filters: Filters, limit: int, offset: int = 0) -> list[Record]:
+        return await self.reads.current(filters, limit, offset)
+
+    async def record_counts(self, filters: Filters) -> list[RecordCount]:
+        return await rows.record_counts(self.reads.fetch, filters_sql, filters)
 
     async def find_by_hash(self, content_hash: str, filters: Filters) -> list[Record]:
         return await self.reads.find_by_hash(content_hash, filters)

@@ -1,0 +1,185 @@
+"""What a person curating the memory reads: the projects at a glance, a project's
+records page by page, a record's history. The viewer (``memory-mcp ui``) shows them.
+
+Everything here reads as the engine's current user (``Engine.acting_as``): a
+record another user keeps personal is neither counted nor listed nor shown.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from memory_mcp.brief import Brief, build_brief
+from memory_mcp.engine import Engine
+from memory_mcp.errors import InvalidInput, NotFound
+from memory_mcp.records import CORPORA, CORPUS_OF_KIND, Conflict, Record, format_time, parse_time
+from memory_mcp.scope import GLOBAL_KEY
+from memory_mcp.storage.base import Filters
+
+# How many older and newer values of a record ``history`` follows, at most.
+CHAIN_MOST = 50
+
+
+@dataclass
+class ProjectSummary:
+    """One scope of the store: what it holds, who wrote it, when, and its open conflicts."""
+
+    key: str  # GLOBAL_KEY for the global scope
+    records: int = 0
+    embedded: int = 0
+    by_corpus: dict[str, int] = field(default_factory=dict)
+    by_agent: dict[str, int] = field(default_factory=dict)
+    by_month: dict[str, int] = field(default_factory=dict)  # YYYY-MM, oldest first
+    open_conflicts: int = 0
+    aliases: list[str] = field(default_factory=list)  # attached earlier keys
+
+    @property
+    def is_global(self) -> bool:
+        return self.key == GLOBAL_KEY
+
+
+@dataclass
+class History:
+    """A record's past and future: the values it replaced and what replaced it."""
+
+    older: list[Record]  # what it supersedes, newest first
+    newer: list[Record]  # what replaced it, in order (empty: it is current)
+    conflicts: list[Conflict]  # open conflicts it is in
+
+
+async def project_keys(engine: Engine, key: str) -> tuple[str, ...]:
+    """A scope's key with the earlier keys attached to it (what its searches read)."""
+    if key == GLOBAL_KEY:
+        return (GLOBAL_KEY,)
+    attached = [a.alias for a in await engine.store.aliases(key) if a.detached_at is None]
+    return (key, *attached)
+
+
+async def projects(engine: Engine) -> list[ProjectSummary]:
+    """Every scope holding records the user may read, the busiest first (global last)."""
+    every = await engine.store.scope_keys()
+    aliases = await engine.store.alias_of(every)
+    summaries: dict[str, ProjectSummary] = {}
+    for key in every:
+        if key in aliases and aliases[key].detached_at is None:
+            continue  # read as part of the project it is attached to
+        keys = await project_keys(engine, key)
+        filters = Filters(scope_keys=keys, corpora=CORPORA, viewer=engine.user)
+        summary = ProjectSummary(key=key, aliases=list(keys[1:]))
+        corpus: Counter[str] = Counter()
+        agent: Counter[str] = Counter()
+        month: Counter[str] = Counter()
+        for count in await engine.store.record_counts(filters):
+            summary.records += count.records
+            summary.embedded += count.embedded
+            corpus[count.corpus] += count.records
+            agent[count.agent or "unknown"] += count.records
+            month[count.month] += count.records
+        if not summary.records:
+            continue
+        summary.by_corpus = dict(corpus.most_common())
+        summary.by_agent = dict(agent.most_common())
+        summary.by_month = dict(sorted(month.items()))
+        summaries[key] = summary
+    for conflict in await engine.store.conflicts(open_only=True):
+        owner = next((s for s in summaries.values() if conflict.scope_key in _keys(s)), None)
+        if owner is not None:
+            owner.open_conflicts += 1
+    return sorted(summaries.values(), key=lambda s: (s.is_global, -s.records, s.key))
+
+
+def _keys(summary: ProjectSummary) -> list[str]:
+    return [summary.key, *summary.aliases]
+
+
+async def listing(
+    engine: Engine,
+    keys: Sequence[str],
+    *,
+    kind: str = "",
+    agent: str = "",
+    tag: str = "",
+    since: str = "",
+    until: str = "",
+    limit: int,
+    offset: int = 0,
+) -> list[Record]:
+    """Current records of these scopes, newest first, a page at a time: of one kind
+    (else every corpus), one agent, one tag, written in ``[since, until)``.
+
+    Raises:
+        InvalidInput: an unknown kind, or a time that is not one.
+    """
+    if kind and kind not in CORPUS_OF_KIND:
+        raise InvalidInput(f"unknown kind {kind!r}; use one of: {', '.join(CORPUS_OF_KIND)}")
+    after = _time(since, "since")
+    before = _time(until, "until")
+    filters = Filters(
+        scope_keys=tuple(keys),
+        corpora=(CORPUS_OF_KIND[kind],) if kind else CORPORA,
+        kinds=(kind,) if kind else (),
+        tags=(tag.strip().casefold(),) if tag.strip() else (),
+        agents=(agent.strip(),) if agent.strip() else (),
+        since=after,
+        until=before,
+        viewer=engine.user,
+    )
+    return await engine.store.current(filters, limit, offset)
+
+
+def _time(value: str, name: str) -> str | None:
+    if not value.strip():
+        return None
+    try:
+        return format_time(parse_time(value.strip()))
+    except ValueError:
+        raise InvalidInput(f"{name} must be a date or time (2026-01-31), got {value!r}") from None
+
+
+async def readable(engine: Engine, record_id: str) -> Record:
+    """A record the user may read, current or not.
+
+    Raises:
+        NotFound: no such record, or another user's personal one.
+    """
+    record = await engine.store.get(record_id)
+    if record is None or not record.visible_to(engine.user):
+        raise NotFound(f"no record with id {record_id!r}")
+    return record
+
+
+async def history(engine: Engine, record: Record) -> History:
+    """The supersede chain through ``record``, both ways, and its open conflicts."""
+    older: list[Record] = []
+    seen = {record.id}
+    wanted = list(reversed(record.supersedes))
+    while wanted and len(older) < CHAIN_MOST:
+        found = {r.id: r for r in await engine.store.get_many(wanted)}
+        step = [found[i] for i in wanted if i in found and i not in seen]
+        older.extend(r for r in step if r.visible_to(engine.user))
+        seen.update(r.id for r in step)
+        wanted = [i for r in step for i in reversed(r.supersedes) if i not in seen]
+    newer: list[Record] = []
+    following = record.replaced_by
+    while following and following not in seen and len(newer) < CHAIN_MOST:
+        seen.add(following)
+        later = await engine.store.get(following)
+        if later is None or not later.visible_to(engine.user):
+            break
+        newer.append(later)
+        following = later.replaced_by
+    conflicts = await engine.store.open_conflicts_of([record.id])
+    return History(older=older, newer=newer, conflicts=conflicts)
+
+
+async def project_brief(engine: Engine, key: str, *, budget: int | None = None) -> Brief:
+    """The spawn brief of the project stored under ``key`` (as ``brief`` builds it for
+    a directory of that project)."""
+    return await build_brief(engine, keys=await project_keys(engine, key), budget=budget)
+
+
+def visible(engine: Engine, records: Sequence[Record | None]) -> list[Record]:
+    """The records among these the user may read."""
+    return [r for r in records if r is not None and r.visible_to(engine.user)]

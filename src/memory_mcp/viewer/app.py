@@ -1,0 +1,326 @@
+"""The viewer's web app: server-rendered pages over ``MemoryService``, behind ``Guard``.
+
+Every page is HTML rendered by Jinja2 with autoescaping on and no template
+marking anything safe: a memory is untrusted text and shows as text. No page
+has a script; a change is a form's POST, answered with a redirect to the page
+it came from (so reloading never repeats it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+from jinja2 import Environment, PackageLoader, select_autoescape
+from mcp.server.transport_security import TransportSecuritySettings
+from starlette.applications import Starlette
+from starlette.datastructures import FormData
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from memory_mcp.agents.inject import AGENTS, injected, prompt_file
+from memory_mcp.errors import InvalidInput, MemoryMcpError, NotFound
+from memory_mcp.mcp.tokens import CALLER_KEY, Caller, Tokens
+from memory_mcp.records import CORPORA, CORPUS_OF_KIND, Record
+from memory_mcp.scope import GLOBAL_KEY
+from memory_mcp.service import MemoryService
+from memory_mcp.viewer.charts import month_bars
+from memory_mcp.viewer.guard import (
+    COOKIE,
+    CSRF_FIELD,
+    SESSION_KEY,
+    SIGN_IN,
+    STARTED_KEY,
+    Guard,
+    Sessions,
+)
+from memory_mcp.viewer.guard import ASGIApp as GuardedApp
+
+PAGE = 50  # records a page lists
+HITS = 50  # search hits a page shows
+KEEPS = ("new", "old", "both", "merged")
+
+
+@dataclass
+class Viewer:
+    """What every page handler needs: the service, the templates, the sessions."""
+
+    memory: MemoryService
+    sessions: Sessions
+    tokens: Tokens
+    prefix: str
+    root: Path | None  # the directory `ui` was started in: its project's files
+
+    def __post_init__(self) -> None:
+        self.templates = Environment(
+            loader=PackageLoader("memory_mcp.viewer", "templates"),
+            autoescape=select_autoescape(default=True, default_for_string=True),
+            trim_blocks=True,
+            lstrip_blocks=True,
+        )
+
+    @contextlib.contextmanager
+    def acting(self, request: Request) -> Iterator[None]:
+        """The request's caller's view of the store (their personal records only)."""
+        caller = request.scope.get(CALLER_KEY)
+        user = caller.user if isinstance(caller, Caller) else None
+        with MemoryService.acting_as(user):
+            yield
+
+    def url(self, path: str, **query: Any) -> str:
+        wanted = {k: v for k, v in query.items() if v not in (None, "", ())}
+        return self.prefix + path + (f"?{urlencode(wanted, doseq=True)}" if wanted else "")
+
+    def render(self, request: Request, name: str, code: int = 200, **values: Any) -> Response:
+        started = request.scope.get(STARTED_KEY, time.perf_counter())
+        template = self.templates.get_template(name)
+        html = template.render(
+            url=self.url,
+            csrf=self.sessions.form_token(request.scope.get(SESSION_KEY, "")),
+            csrf_field=CSRF_FIELD,
+            signed_in=self.tokens.required,
+            scope_name=scope_name,
+            elapsed=lambda: f"{(time.perf_counter() - started) * 1000:.0f} ms",
+            **values,
+        )
+        return HTMLResponse(html, status_code=code)
+
+
+def scope_name(key: str) -> str:
+    return "global" if key == GLOBAL_KEY else key
+
+
+def build_app(
+    memory: MemoryService,
+    *,
+    tokens: Tokens,
+    security: TransportSecuritySettings,
+    prefix: str = "",
+    root: Path | None = None,
+) -> GuardedApp:
+    """The viewer as an ASGI app, serving under ``prefix`` ("" or "/ui")."""
+    viewer = Viewer(memory, Sessions(), tokens, prefix, root)
+    pages = Pages(viewer)
+    routes = [
+        Route("/", pages.projects),
+        Route(SIGN_IN, pages.sign_in, methods=["GET", "POST"]),
+        Route("/project", pages.project),
+        Route("/record/{record_id}", pages.record),
+        Route("/record/{record_id}/forget", pages.forget, methods=["POST"]),
+        Route("/restore", pages.restore, methods=["POST"]),
+        Route("/conflicts", pages.conflicts),
+        Route("/conflicts/{conflict_id:int}", pages.resolve, methods=["POST"]),
+        Route("/archived", pages.archived),
+        Route("/brief", pages.brief),
+        Route("/maintenance", pages.maintenance),
+        Mount("/static", StaticFiles(packages=[("memory_mcp.viewer", "static")]), name="static"),
+    ]
+    app = Starlette(routes=[Mount(prefix, routes=routes)] if prefix else routes)
+    app.add_exception_handler(MemoryMcpError, pages.failed)  # type: ignore[arg-type]
+    return Guard(app, tokens=tokens, security=security, sessions=viewer.sessions, prefix=prefix)
+
+
+class Pages:
+    """One method per route."""
+
+    def __init__(self, viewer: Viewer) -> None:
+        self.v = viewer
+        self.memory = viewer.memory
+
+    async def failed(self, request: Request, exc: MemoryMcpError) -> Response:
+        status = 404 if isinstance(exc, NotFound) else 400
+        return self.v.render(request, "error.html", code=status, message=str(exc))
+
+    async def sign_in(self, request: Request) -> Response:
+        if request.method == "GET":
+            return self.v.render(request, "sign_in.html", failed=False)
+        form = await request.form()
+        caller = self.v.tokens.caller(str(form.get("token", "")).strip())
+        if caller is None:
+            return self.v.render(request, "sign_in.html", code=401, failed=True)
+        response = RedirectResponse(self.v.url("/"), status_code=303)
+        response.set_cookie(
+            COOKIE,
+            self.v.sessions.open(caller),
+            httponly=True,
+            samesite="strict",
+            path=self.v.prefix or "/",
+        )
+        return response
+
+    async def projects(self, request: Request) -> Response:
+        with self.v.acting(request):
+            found = await self.memory.projects()
+        charts = {p.key: month_bars(p.by_month) for p in found}
+        return self.v.render(request, "projects.html", projects=found, charts=charts)
+
+    async def project(self, request: Request) -> Response:
+        query = request.query_params
+        key = query.get("key", GLOBAL_KEY)
+        text = query.get("q", "").strip()
+        kind, agent, tag = query.get("kind", ""), query.get("agent", ""), query.get("tag", "")
+        since, until = query.get("since", ""), query.get("until", "")
+        page = _page(query.get("page", "1"))
+        if kind and kind not in CORPUS_OF_KIND:
+            raise InvalidInput(f"unknown kind {kind!r}; use one of: {', '.join(CORPUS_OF_KIND)}")
+        corpora = (CORPUS_OF_KIND[kind],) if kind else CORPORA
+        with self.v.acting(request):
+            keys = await self.memory.project_keys(key)
+            hits: list[Any] = []
+            records: list[Record] = []
+            mode: str = ""
+            warnings: list[str] = []
+            if text:
+                result = await self.memory.search(
+                    text,
+                    keys=keys,
+                    corpora=corpora,
+                    kinds=(kind,) if kind else (),
+                    tags=(tag,) if tag else (),
+                    agents=(agent,) if agent else (),
+                    since=since or None,
+                    until=until or None,
+                    limit=HITS,
+                    max_limit=HITS,
+                    count_access=False,
+                )
+                hits = result.hits
+                mode, warnings = result.mode, result.warnings
+            else:
+                records = await self.memory.listing(
+                    keys,
+                    kind=kind,
+                    agent=agent,
+                    tag=tag,
+                    since=since,
+                    until=until,
+                    limit=PAGE + 1,
+                    offset=(page - 1) * PAGE,
+                )
+        more = len(records) > PAGE
+        shown = {"key": key, "q": text, "kind": kind, "agent": agent, "tag": tag}
+        shown |= {"since": since, "until": until}
+        return self.v.render(
+            request,
+            "project.html",
+            key=key,
+            keys=keys,
+            asked=shown,
+            kinds=list(CORPUS_OF_KIND),
+            hits=hits,
+            records=records[:PAGE],
+            page=page,
+            more=more,
+            mode=mode,
+            warnings=warnings,
+            next_url=self.v.url("/project", **shown, page=page + 1) if more else "",
+            previous_url=self.v.url("/project", **shown, page=page - 1) if page > 1 else "",
+        )
+
+    async def record(self, request: Request) -> Response:
+        with self.v.acting(request):
+            record = await self.memory.readable(request.path_params["record_id"])
+            history = await self.memory.history(record)
+        return self.v.render(request, "record.html", record=record, history=history)
+
+    async def forget(self, request: Request) -> Response:
+        form = await request.form()
+        record_id = request.path_params["record_id"]
+        with self.v.acting(request):
+            await self.memory.readable(record_id)
+            await self.memory.forget(record_id, reason=_text(form, "reason") or "archived")
+        return RedirectResponse(self.v.url(f"/record/{record_id}"), status_code=303)
+
+    async def restore(self, request: Request) -> Response:
+        form = await request.form()
+        ids = [str(i) for i in form.getlist("id") if str(i).strip()]
+        with self.v.acting(request):
+            for record_id in ids:
+                await self.memory.readable(record_id)
+            await self.memory.restore(ids)
+        back = _text(form, "back")
+        return RedirectResponse(back if _local(back) else self.v.url("/archived"), status_code=303)
+
+    async def conflicts(self, request: Request) -> Response:
+        with self.v.acting(request):
+            views = [
+                c
+                for c in await self.memory.conflicts()
+                if all(r is None or r.visible_to(self.memory.user) for r in (c.new, c.old))
+            ]
+        return self.v.render(request, "conflicts.html", conflicts=views, keeps=KEEPS)
+
+    async def resolve(self, request: Request) -> Response:
+        form = await request.form()
+        keep = _text(form, "keep")
+        if keep not in KEEPS:
+            raise InvalidInput(f"keep must be one of {', '.join(KEEPS)}")
+        with self.v.acting(request):
+            await self.memory.resolve_conflict(
+                request.path_params["conflict_id"],
+                keep,  # type: ignore[arg-type]
+                _text(form, "text") or None,
+            )
+        return RedirectResponse(self.v.url("/conflicts"), status_code=303)
+
+    async def archived(self, request: Request) -> Response:
+        key = request.query_params.get("key")
+        with self.v.acting(request):
+            keys = await self.memory.project_keys(key) if key is not None else ()
+            records = [
+                r
+                for r in await self.memory.archived(keys, limit=PAGE)
+                if r.visible_to(self.memory.user)
+            ]
+        return self.v.render(request, "archived.html", records=records, key=key)
+
+    async def brief(self, request: Request) -> Response:
+        key = request.query_params.get("key", GLOBAL_KEY)
+        with self.v.acting(request):
+            brief = await self.memory.project_brief(key)
+            left_out = await self.memory.records(brief.left_out)
+        root = self.v.root
+        deliveries = []
+        for agent in AGENTS:
+            file = prompt_file(root, agent) if root is not None else None
+            by_file = root is not None and injected(root, agent)
+            deliveries.append((agent, file.name if file is not None else "", by_file))
+        return self.v.render(
+            request,
+            "brief.html",
+            key=key,
+            brief=brief,
+            left_out=left_out,
+            deliveries=deliveries,
+        )
+
+    async def maintenance(self, request: Request) -> Response:
+        status = await self.memory.status()
+        return self.v.render(request, "maintenance.html", status=status)
+
+
+def _page(value: str) -> int:
+    try:
+        page = int(value)
+    except ValueError:
+        raise InvalidInput(f"page must be a whole number, got {value!r}") from None
+    if page < 1:
+        raise InvalidInput("page must be 1 or more")
+    return page
+
+
+def _text(form: FormData, name: str) -> str:
+    value = form.get(name, "")
+    return value.strip() if isinstance(value, str) else ""
+
+
+def _local(target: str) -> bool:
+    """Whether a redirect target stays on this server (a path, not a URL)."""
+    return target.startswith("/") and not target.startswith("//") and "\\" not in target

@@ -1,0 +1,222 @@
+"""What stands in front of every viewer page: the same rules as ``serve``, and what a
+browser needs besides.
+
+- **DNS rebinding.** The ``Host`` (and any ``Origin``) must name this server, by
+  the MCP SDK's own check with ``transports.transport_security``'s lists.
+- **Who.** With ``serve.token`` or ``serve.tokens_file`` set, a request carries
+  ``Authorization: Bearer <token>`` or the session cookie the sign-in page sets
+  for a good token (``HttpOnly``, ``SameSite=Strict``; sessions live in the
+  process). The request's ``Caller`` goes where ``BearerAuth`` puts it.
+- **Cross-site requests.** A page that can archive memories is a CSRF target.
+  Every request that changes something is a POST that must come from this
+  origin (``Origin``, else ``Sec-Fetch-Site``, must say so) and carry the form
+  token the pages embed: an HMAC of the session (or of the process's secret
+  when no sign-in is needed) that another site cannot read.
+- **What the browser may do.** A Content-Security-Policy that allows no script
+  at all, styles and images from this server only, forms posting here only and
+  no framing; ``nosniff``, no referrer to other sites, nothing cached.
+"""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qs
+
+from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
+from starlette.requests import Request
+
+from memory_mcp.mcp.tokens import CALLER_KEY, Caller, Tokens
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+COOKIE = "memory_mcp_viewer"
+CSRF_FIELD = "csrf"
+SESSION_KEY = "memory_mcp.viewer_session"  # the request's session id, in its ASGI scope
+STARTED_KEY = "memory_mcp.viewer_started"  # when the request came (perf_counter)
+POLICY = (
+    "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
+    "frame-ancestors 'none'; base-uri 'none'"
+)
+HEADERS = [
+    (b"content-security-policy", POLICY.encode()),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"same-origin"),  # "no-referrer" makes a form post "Origin: null"
+    (b"x-frame-options", b"DENY"),
+    (b"cache-control", b"no-store"),
+]
+SAFE_METHODS = frozenset({"GET", "HEAD"})
+SIGN_IN = "/sign-in"  # the one page (and POST) open without a token
+_FORM_MOST = 1 << 20  # bytes of a form body read to find its token
+
+
+@dataclass
+class Sessions:
+    """Signed-in browsers: a random id per sign-in, and whom it names."""
+
+    secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
+    callers: dict[str, Caller] = field(default_factory=dict)
+
+    def open(self, caller: Caller) -> str:
+        session = secrets.token_urlsafe(32)
+        self.callers[session] = caller
+        return session
+
+    def form_token(self, session: str) -> str:
+        """The token a page's forms carry: an HMAC of the session, never sent elsewhere."""
+        return hmac.new(self.secret, session.encode(), "sha256").hexdigest()
+
+
+class Guard:
+    """ASGI middleware for the viewer's routes (see the module's docstring)."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        tokens: Tokens,
+        security: TransportSecuritySettings,
+        sessions: Sessions,
+        prefix: str = "",
+    ) -> None:
+        self.app = app
+        self.tokens = tokens
+        self.hosts = TransportSecurityMiddleware(security)
+        self.sessions = sessions
+        self.prefix = prefix
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self.app(scope, receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        scope[STARTED_KEY] = time.perf_counter()
+        headers = _headers(scope)
+
+        async def secured(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), *HEADERS]
+            await send(message)
+
+        refused = await self.hosts.validate_request(Request(scope), is_post=False)
+        if refused is not None:  # the Host or the Origin names another server
+            await refused(scope, receive, secured)
+            return
+        method = scope["method"]
+        if method not in SAFE_METHODS and not _same_origin(headers, scope):
+            await _plain(secured, 403, "cross-site request refused")
+            return
+        session = _cookie(headers.get("cookie", ""), COOKIE)
+        caller = self._caller(headers, session)
+        path = scope.get("path", "")
+        if caller is None and path != self.prefix + SIGN_IN:
+            if method in SAFE_METHODS:
+                target = self.prefix + SIGN_IN
+                await _redirect(secured, target)
+            else:
+                await _plain(secured, 401, "sign in first")
+            return
+        session_id = session if session in self.sessions.callers else ""
+        scope[SESSION_KEY] = session_id
+        if caller is not None:
+            scope[CALLER_KEY] = caller
+        if method not in SAFE_METHODS and path != self.prefix + SIGN_IN:
+            body = await _read_body(receive)
+            given = parse_qs(body.decode("utf-8", "replace")).get(CSRF_FIELD, [""])[0]
+            if not hmac.compare_digest(given, self.sessions.form_token(session_id)):
+                await _plain(secured, 403, "the form's token is missing or stale: reload the page")
+                return
+            receive = _replay(body)
+        await self.app(scope, receive, secured)
+
+    def _caller(self, headers: dict[str, str], session: str) -> Caller | None:
+        """Who the request is from; with no token configured, the server's own user."""
+        if not self.tokens.required:
+            return Caller(None)
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer" and token.strip():
+            return self.tokens.caller(token.strip())
+        return self.sessions.callers.get(session)
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+
+
+def _same_origin(headers: dict[str, str], scope: Scope) -> bool:
+    """Whether a browser says the request comes from a page of this very origin.
+
+    ``Origin`` is compared with the ``Host`` the request was sent to (scheme
+    included); a browser that sends no ``Origin`` sends ``Sec-Fetch-Site``. A
+    client that sends neither is not a browser page (``curl``) and still needs
+    the form token.
+    """
+    origin = headers.get("origin")
+    if origin is not None:
+        return origin == f"{scope.get('scheme', 'http')}://{headers.get('host', '')}"
+    site = headers.get("sec-fetch-site")
+    return site is None or site in ("same-origin", "none")
+
+
+def _cookie(header: str, name: str) -> str:
+    for part in header.split(";"):
+        key, _, value = part.strip().partition("=")
+        if key == name:
+            return value
+    return ""
+
+
+async def _read_body(receive: Receive) -> bytes:
+    body = b""
+    while True:
+        message = await receive()
+        body += bytes(message.get("body", b""))
+        if len(body) > _FORM_MOST or not message.get("more_body"):
+            return body[:_FORM_MOST]
+
+
+def _replay(body: bytes) -> Receive:
+    sent = False
+
+    async def receive() -> MutableMapping[str, Any]:
+        nonlocal sent
+        if sent:
+            return {"type": "http.disconnect"}
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return receive
+
+
+async def _plain(send: Send, status: int, text: str) -> None:
+    body = f"{text}\n".encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"text/plain; charset=utf-8"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _redirect(send: Send, target: str) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 303,
+            "headers": [(b"location", target.encode()), (b"content-length", b"0")],
+        }
+    )
+    await send({"type": "http.response.body", "body": b""})

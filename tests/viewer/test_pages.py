@@ -1,0 +1,187 @@
+"""The viewer's pages over HTTP, in process: what they show, what they change, and what
+they refuse (another host, another site, a missing form token, no sign-in)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from memory_mcp.config import ServeSettings
+from memory_mcp.mcp.tokens import Tokens, digest
+from memory_mcp.mcp.transports import transport_security
+from memory_mcp.service import MemoryService
+from memory_mcp.viewer.app import build_app
+from memory_mcp.viewer.guard import POLICY
+
+pytestmark = pytest.mark.anyio
+BASE = "http://127.0.0.1:8766"
+SCRIPT = "<script>document.title='ran'</script> deploys need the VPN"
+
+
+@pytest.fixture
+async def client(memory: MemoryService, project: Path) -> AsyncIterator[httpx.AsyncClient]:
+    app = build_app(
+        memory,
+        tokens=Tokens("", None),
+        security=transport_security(ServeSettings()),
+        root=project,
+    )
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=BASE) as c:
+        yield c
+
+
+def form_token(html: str) -> str:
+    found = re.search(r'name="csrf" value="([0-9a-f]+)"', html)
+    assert found, "the page has a form token"
+    return found.group(1)
+
+
+async def key_of(memory: MemoryService, project: Path) -> str:
+    return (await memory.engine.project(project)).key
+
+
+async def test_the_pages_show_the_store_as_text_under_a_strict_policy(
+    client: httpx.AsyncClient, memory: MemoryService, project: Path
+) -> None:
+    stored = await memory.store(SCRIPT, kind="gotcha", cwd=project, agent="claude")
+    await memory.store("The API listens on port 8080", cwd=project, agent="codex")
+    key = await key_of(memory, project)
+    for path, wanted in [
+        ("/", "2</strong> memories"),
+        (f"/project?key={key}", "deploys need the VPN"),
+        (f"/project?key={key}&agent=codex", "port 8080"),
+        (f"/project?key={key}&q=VPN+deploys", "score <strong>"),
+        (f"/record/{stored.id}", "Provenance"),
+        (f"/brief?key={key}", "tokens"),
+        ("/conflicts", "No open conflicts"),
+        ("/archived", "Nothing archived"),
+        ("/maintenance", "Tasks"),
+    ]:
+        page = await client.get(path)
+        assert page.status_code == 200, path
+        assert wanted in page.text, path
+        assert page.headers["content-security-policy"] == POLICY
+        assert "<script" not in page.text, path  # no script of ours, none of a memory
+    listed = (await client.get(f"/project?key={key}")).text
+    assert "&lt;script&gt;document.title=&#39;ran&#39;&lt;/script&gt;" in listed
+    assert "port 8080" not in (await client.get(f"/project?key={key}&agent=claude")).text
+
+
+async def test_archive_and_restore_change_the_store(
+    client: httpx.AsyncClient, memory: MemoryService, project: Path
+) -> None:
+    stored = await memory.store("Cache the wheels in CI", cwd=project)
+    page = await client.get(f"/record/{stored.id}")
+    csrf = form_token(page.text)
+    done = await client.post(
+        f"/record/{stored.id}/forget",
+        data={"reason": "we stopped caching", "csrf": csrf},
+        headers={"Origin": BASE},
+    )
+    assert done.status_code == 303 and done.headers["location"] == f"/record/{stored.id}"
+    assert (await memory.get(stored.id)).archived_reason == "we stopped caching"
+    assert "Cache the wheels in CI" in (await client.get("/archived")).text
+    back = await client.post(
+        "/restore", data={"id": stored.id, "csrf": csrf, "back": "//evil.example/"}
+    )
+    assert back.status_code == 303 and back.headers["location"] == "/archived"
+    assert (await memory.get(stored.id)).current
+
+
+async def test_undoing_a_fold_brings_the_absorbed_text_back_as_its_own_record(
+    client: httpx.AsyncClient, memory: MemoryService, project: Path
+) -> None:
+    first = await memory.store("Use uv for installs.", cwd=project)
+    second = await memory.store("use UV for installs", cwd=project)
+    assert second.action == "folded"
+    page = await client.get(f"/record/{second.id}")
+    assert "Undo this fold" in page.text and "Use uv for installs." in page.text
+    undone = await client.post(
+        "/restore",
+        data={"id": first.id, "csrf": form_token(page.text), "back": f"/record/{second.id}"},
+    )
+    assert undone.status_code == 303 and undone.headers["location"] == f"/record/{second.id}"
+    assert (await memory.get(first.id)).current
+    assert (await memory.get(second.id)).merged_from == []
+
+
+async def test_a_conflict_is_resolved_from_the_inbox(
+    client: httpx.AsyncClient, memory: MemoryService, project: Path
+) -> None:
+    old = await memory.store("Run tests with pytest -x", cwd=project)
+    new = await memory.store("Never run tests with -x", cwd=project)
+    assert new.conflict_id is not None
+    inbox = await client.get("/conflicts")
+    assert "Run tests with pytest -x" in inbox.text and "Never run tests with -x" in inbox.text
+    csrf = form_token(inbox.text)
+    bad = await client.post(f"/conflicts/{new.conflict_id}", data={"keep": "x", "csrf": csrf})
+    assert bad.status_code == 400 and "keep must be one of" in bad.text
+    done = await client.post(f"/conflicts/{new.conflict_id}", data={"keep": "old", "csrf": csrf})
+    assert done.status_code == 303
+    assert (await memory.get(new.id)).archived_reason == f"conflict-{new.conflict_id}"
+    assert (await memory.get(old.id)).current
+    assert "No open conflicts" in (await client.get("/conflicts")).text
+
+
+async def test_requests_from_elsewhere_are_refused_and_change_nothing(
+    client: httpx.AsyncClient, memory: MemoryService, project: Path
+) -> None:
+    stored = await memory.store("Deploy from the main branch only", cwd=project)
+    csrf = form_token((await client.get(f"/record/{stored.id}")).text)
+    forget = f"/record/{stored.id}/forget"
+    refusals = [
+        ({"reason": "x"}, {}, 403),  # no form token
+        ({"reason": "x", "csrf": "0" * 64}, {}, 403),  # a made-up one
+        # another site's page, even on this machine
+        ({"reason": "x", "csrf": csrf}, {"Origin": "http://127.0.0.1:9999"}, 403),
+        ({"reason": "x", "csrf": csrf}, {"Origin": "https://evil.example"}, 403),
+        ({"reason": "x", "csrf": csrf}, {"Sec-Fetch-Site": "cross-site"}, 403),
+        ({"reason": "x", "csrf": csrf}, {"Host": "evil.example"}, 421),  # DNS rebinding
+    ]
+    for data, headers, status in refusals:
+        answer = await client.post(forget, data=data, headers=headers)
+        assert answer.status_code == status, (data, headers)
+    assert (await client.get("/", headers={"Host": "evil.example:8766"})).status_code == 421
+    assert (await memory.get(stored.id)).current
+
+
+async def test_with_tokens_a_browser_signs_in_and_sees_only_what_its_user_may(
+    memory: MemoryService, project: Path, tmp_path: Path
+) -> None:
+    tokens_file = tmp_path / "tokens.toml"
+    tokens_file.write_text(
+        f'[users]\nalice = "{digest("alice-token-0123456789")}"\n'
+        f'bob = "{digest("bob-token-0123456789ab")}"\n'
+    )
+    app = build_app(
+        memory,
+        tokens=Tokens("", tokens_file),
+        security=transport_security(ServeSettings()),
+        root=project,
+    )
+    with MemoryService.acting_as("alice"):
+        mine = await memory.store("My editor is helix", cwd=project, private=True)
+        shared = await memory.store("The staging database is read-only", cwd=project)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url=BASE) as bob:
+        first = await bob.get("/")
+        assert first.status_code == 303 and first.headers["location"] == "/sign-in"
+        assert (await bob.post("/sign-in", data={"token": "wrong"})).status_code == 401
+        signed = await bob.post("/sign-in", data={"token": "bob-token-0123456789ab"})
+        assert signed.status_code == 303
+        assert "httponly" in signed.headers["set-cookie"].lower()
+        assert "samesite=strict" in signed.headers["set-cookie"].lower()
+        key = await key_of(memory, project)
+        listed = (await bob.get(f"/project?key={key}")).text
+        assert "staging database" in listed and "helix" not in listed
+        assert (await bob.get(f"/record/{mine.id}")).status_code == 404
+        assert (await bob.get(f"/record/{shared.id}")).status_code == 200
+    async with httpx.AsyncClient(transport=transport, base_url=BASE) as alice:
+        page = await alice.get(
+            f"/record/{mine.id}", headers={"Authorization": "Bearer alice-token-0123456789"}
+        )
+        assert page.status_code == 200 and "helix" in page.text
