@@ -174,6 +174,41 @@ async def history(engine: Engine, record: Record) -> History:
     return History(older=older, newer=newer, conflicts=conflicts)
 
 
+async def reinstate(engine: Engine, record_id: str) -> Record:
+    """Make an older value of a supersede chain the current one again; the record that
+    was current becomes its history (nothing is lost: it can be chosen back the same
+    way). The reinstated record gets its vectors again.
+
+    Raises:
+        NotFound: no such record the user may read.
+        InvalidInput: it is not an older value (current, archived), or its chain
+            ends in an archived record.
+    """
+    async with engine.store.write() as tx:
+        old = await tx.get(record_id)
+        if old is None or not old.visible_to(engine.user):
+            raise NotFound(f"no record with id {record_id!r}")
+        if old.archived_at is not None or old.replaced_by is None:
+            state = "archived: restore it instead" if old.archived_at else "already current"
+            raise InvalidInput(f"record {record_id} is {state}")
+        current: Record | None = old
+        seen = {old.id}
+        while current is not None and current.replaced_by is not None:
+            following = current.replaced_by
+            if following in seen or len(seen) > CHAIN_MOST:
+                raise InvalidInput(f"the chain of record {record_id} loops")
+            seen.add(following)
+            current = await tx.get(following)
+        if current is None or current.archived_at is not None:
+            raise InvalidInput(
+                f"the newest value after record {record_id} is archived or gone: restore that"
+            )
+        if not await tx.reinstate(old, current):
+            raise InvalidInput(f"record {record_id} changed meanwhile; look again")
+    await engine.embed_stored([old.id])
+    return await readable(engine, old.id)
+
+
 async def project_brief(engine: Engine, key: str, *, budget: int | None = None) -> Brief:
     """The spawn brief of the project stored under ``key`` (as ``brief`` builds it for
     a directory of that project)."""

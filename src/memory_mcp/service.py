@@ -529,6 +529,12 @@ class MemoryService:
 
         return await curation.history(self.engine, record)
 
+    async def reinstate(self, record_id: str) -> Record:
+        """Make an older value current again (``curation.reinstate``)."""
+        from memory_mcp import curation
+
+        return await curation.reinstate(self.engine, record_id)
+
     async def project_brief(self, key: str, *, budget: int | None = None) -> Brief:
         """The spawn brief of the project stored under ``key``."""
         from memory_mcp import curation

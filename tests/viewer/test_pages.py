@@ -185,3 +185,22 @@ async def test_with_tokens_a_browser_signs_in_and_sees_only_what_its_user_may(
             f"/record/{mine.id}", headers={"Authorization": "Bearer alice-token-0123456789"}
         )
         assert page.status_code == 200 and "helix" in page.text
+
+
+async def test_an_older_value_is_made_current_again_from_its_chain(
+    client: httpx.AsyncClient, memory: MemoryService, project: Path
+) -> None:
+    old = await memory.store("The pigeon app's minimum iOS version is 15.", cwd=project)
+    new = await memory.store("The pigeon app's minimum iOS version is 16.", cwd=project)
+    assert new.action == "superseded"
+    page = await client.get(f"/record/{new.id}")
+    assert "Supersede chain" in page.text and "version is 15." in page.text
+    done = await client.post(f"/record/{old.id}/reinstate", data={"csrf": form_token(page.text)})
+    assert done.status_code == 303 and done.headers["location"] == f"/record/{old.id}"
+    back, replaced = await memory.get(old.id), await memory.get(new.id)
+    assert back.current and back.supersedes == [new.id]
+    assert replaced.replaced_by == old.id and replaced.archived_at is None
+    hits = (await memory.search("pigeon minimum iOS version", cwd=project)).hits
+    assert [h.record.id for h in hits] == [old.id]
+    again = await client.post(f"/record/{old.id}/reinstate", data={"csrf": form_token(page.text)})
+    assert again.status_code == 400 and "already current" in again.text

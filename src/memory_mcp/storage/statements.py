@@ -7,6 +7,7 @@ connection-level ``fetch`` and ``execute``, its ``_put_vectors`` and its mark.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -84,6 +85,25 @@ class SharedWrites:
     async def replace(self, old: Record, new_id: str) -> None:
         """Make ``old`` history of ``new_id`` (superseded fact, previous goal or plan)."""
         await self._execute("UPDATE records SET replaced_by = ? WHERE id = ?", [new_id, old.id])
+
+    async def reinstate(self, old: Record, current: Record) -> bool:
+        """Make ``old`` (history in ``current``'s chain) current again, and ``current`` its
+        history: the value a person chose back. False if either changed meanwhile."""
+        if old.archived_at is not None or old.replaced_by is None or current.replaced_by:
+            return False
+        changed = await self._execute(
+            "UPDATE records SET replaced_by = ? WHERE id = ? AND replaced_by IS NULL "
+            "AND archived_at IS NULL",
+            [old.id, current.id],
+        )
+        if not changed:
+            return False
+        supersedes = [i for i in old.supersedes if i != current.id] + [current.id]
+        await self._execute(
+            "UPDATE records SET replaced_by = NULL, supersedes = ? WHERE id = ?",
+            [json.dumps(supersedes), old.id],
+        )
+        return True
 
     async def archive(self, record_id: str, reason: str, at: str) -> bool:
         changed = await self._execute(

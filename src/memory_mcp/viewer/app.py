@@ -114,6 +114,7 @@ def build_app(
         Route("/project", pages.project),
         Route("/record/{record_id}", pages.record),
         Route("/record/{record_id}/forget", pages.forget, methods=["POST"]),
+        Route("/record/{record_id}/reinstate", pages.reinstate, methods=["POST"]),
         Route("/restore", pages.restore, methods=["POST"]),
         Route("/conflicts", pages.conflicts),
         Route("/conflicts/{conflict_id:int}", pages.resolve, methods=["POST"]),
@@ -236,6 +237,12 @@ class Pages:
         with self.v.acting(request):
             await self.memory.readable(record_id)
             await self.memory.forget(record_id, reason=_text(form, "reason") or "archived")
+        return RedirectResponse(self.v.url(f"/record/{record_id}"), status_code=303)
+
+    async def reinstate(self, request: Request) -> Response:
+        record_id = request.path_params["record_id"]
+        with self.v.acting(request):
+            await self.memory.reinstate(record_id)
         return RedirectResponse(self.v.url(f"/record/{record_id}"), status_code=303)
 
     async def restore(self, request: Request) -> Response:
