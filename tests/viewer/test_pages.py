@@ -3,6 +3,7 @@ they refuse (another host, another site, a missing form token, no sign-in)."""
 
 from __future__ import annotations
 
+import random
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -13,13 +14,21 @@ import pytest
 from memory_mcp.config import ServeSettings
 from memory_mcp.mcp.tokens import Tokens, digest
 from memory_mcp.mcp.transports import transport_security
+from memory_mcp.records import CORPORA
 from memory_mcp.service import MemoryService
+from memory_mcp.storage.base import Filters
 from memory_mcp.viewer.app import build_app
 from memory_mcp.viewer.guard import POLICY
 
 pytestmark = pytest.mark.anyio
 BASE = "http://127.0.0.1:8766"
 SCRIPT = "<script>document.title='ran'</script> deploys need the VPN"
+# made-up words: texts of five of them share little, so none folds into another
+WORDS = [
+    a + b
+    for a in ("ka", "lo", "mi", "nu", "pe")
+    for b in ("bar", "cot", "dun", "fel", "gir", "hum", "jex", "kov")
+]
 
 
 @pytest.fixture
@@ -204,3 +213,48 @@ async def test_an_older_value_is_made_current_again_from_its_chain(
     assert [h.record.id for h in hits] == [old.id]
     again = await client.post(f"/record/{old.id}/reinstate", data={"csrf": form_token(page.text)})
     assert again.status_code == 400 and "already current" in again.text
+
+
+async def test_the_pages_of_a_project_list_every_record_once_newest_first(
+    client: httpx.AsyncClient,
+    memory: MemoryService,
+    project: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Page after page, across corpora, with a run of records written at one instant
+    spanning the pages' boundary."""
+    from datetime import UTC, datetime, timedelta
+
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    times = (
+        [start + timedelta(minutes=i) for i in range(40)]
+        + [start + timedelta(days=1)] * 45  # one instant
+        + [start + timedelta(days=2, minutes=i) for i in range(35)]
+    )
+    now = [start]
+    monkeypatch.setattr(memory.engine, "clock", lambda: now[0])
+    ids = set()
+    for i, at in enumerate(times):
+        now[0] = at
+        kind = "journal" if i % 3 == 0 else "fact"
+        words = random.Random(i).sample(WORDS, 5)
+        ids.add((await memory.store(" ".join(words), kind=kind, cwd=project)).id)
+    current = await memory.engine.store.current(
+        Filters(scope_keys=(await key_of(memory, project),), corpora=CORPORA), 500
+    )
+    assert {r.id for r in current} == ids  # nothing folded: 120 records to page through
+    key = await key_of(memory, project)
+    shown: list[str] = []
+    times_shown: list[str] = []
+    url: str | None = f"/project?key={key}"
+    pages = 0
+    while url:
+        page = (await client.get(url)).text
+        pages += 1
+        shown += re.findall(r'<a href="/record/([^"]+)" class="id">', page)
+        times_shown += re.findall(r'<time datetime="([^"]+)"', page)
+        found = re.search(r'href="([^"]+)" rel="next"', page)
+        url = found.group(1).replace("&amp;", "&") if found else None
+    assert pages == 3
+    assert len(shown) == len(set(shown)) == 120 and set(shown) == ids
+    assert times_shown == sorted(times_shown, reverse=True)

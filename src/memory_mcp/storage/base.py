@@ -59,6 +59,7 @@ class Filters:
     agents: tuple[str, ...] = ()  # written by any of these agents
     since: str | None = None  # created_at >= since
     until: str | None = None  # created_at < until
+    through: str | None = None  # created_at <= through (a page's cursor)
     exclude_ids: tuple[str, ...] = ()
     # Only what this user may read (``records.visible_to``); None: every record.
     viewer: str | None = None
@@ -67,8 +68,12 @@ class Filters:
     @property
     def selective(self) -> bool:
         """Whether they ask more of a record than its scope and corpus (and liveness)."""
-        asked = (self.kinds, self.tags, self.agents, self.since, self.until, self.exclude_ids)
-        return any(asked) or (self.viewer is not None or self.private is not None)
+        lists = (self.kinds, self.tags, self.agents, self.exclude_ids)
+        return (
+            any(lists)
+            or bool(self.since or self.until or self.through)
+            or (self.viewer is not None or self.private is not None)
+        )
 
 
 @dataclass

@@ -25,6 +25,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from memory_mcp import __version__
 from memory_mcp.agents.inject import AGENTS, injected, prompt_file
 from memory_mcp.errors import InvalidInput, MemoryMcpError, NotFound
 from memory_mcp.mcp.tokens import CALLER_KEY, Caller, Tokens
@@ -86,6 +87,7 @@ class Viewer:
             csrf=self.sessions.form_token(request.scope.get(SESSION_KEY, "")),
             csrf_field=CSRF_FIELD,
             signed_in=self.tokens.required,
+            version=__version__,
             scope_name=scope_name,
             elapsed=lambda: f"{(time.perf_counter() - started) * 1000:.0f} ms",
             **values,
@@ -168,7 +170,7 @@ class Pages:
         text = query.get("q", "").strip()
         kind, agent, tag = query.get("kind", ""), query.get("agent", ""), query.get("tag", "")
         since, until = query.get("since", ""), query.get("until", "")
-        page = _page(query.get("page", "1"))
+        before, seen = query.get("before", ""), query.getlist("seen")
         if kind and kind not in CORPUS_OF_KIND:
             raise InvalidInput(f"unknown kind {kind!r}; use one of: {', '.join(CORPUS_OF_KIND)}")
         corpora = (CORPUS_OF_KIND[kind],) if kind else CORPORA
@@ -203,11 +205,19 @@ class Pages:
                     since=since,
                     until=until,
                     limit=PAGE + 1,
-                    offset=(page - 1) * PAGE,
+                    before=before,
+                    seen=seen,
                 )
-        more = len(records) > PAGE
+        more, records = len(records) > PAGE, records[:PAGE]
         shown = {"key": key, "q": text, "kind": kind, "agent": agent, "tag": tag}
         shown |= {"since": since, "until": until}
+        next_url = ""
+        if more:  # the next page starts after the last record shown (``curation.listing``)
+            last = records[-1].created_at
+            at_last = [r.id for r in records if r.created_at == last]
+            if last == before:  # a run of records written at one time spans pages
+                at_last = [*seen, *at_last]
+            next_url = self.v.url("/project", **shown, before=last, seen=at_last)
         return self.v.render(
             request,
             "project.html",
@@ -216,13 +226,12 @@ class Pages:
             asked=shown,
             kinds=list(CORPUS_OF_KIND),
             hits=hits,
-            records=records[:PAGE],
-            page=page,
-            more=more,
+            records=records,
+            paged=bool(before),
             mode=mode,
             warnings=warnings,
-            next_url=self.v.url("/project", **shown, page=page + 1) if more else "",
-            previous_url=self.v.url("/project", **shown, page=page - 1) if page > 1 else "",
+            next_url=next_url,
+            first_url=self.v.url("/project", **shown) if before else "",
         )
 
     async def record(self, request: Request) -> Response:
@@ -309,18 +318,8 @@ class Pages:
         )
 
     async def maintenance(self, request: Request) -> Response:
-        status = await self.memory.status()
+        status = await self.memory.upkeep()
         return self.v.render(request, "maintenance.html", status=status)
-
-
-def _page(value: str) -> int:
-    try:
-        page = int(value)
-    except ValueError:
-        raise InvalidInput(f"page must be a whole number, got {value!r}") from None
-    if page < 1:
-        raise InvalidInput("page must be 1 or more")
-    return page
 
 
 def _text(form: FormData, name: str) -> str:

@@ -14,7 +14,8 @@ browser needs besides.
   when no sign-in is needed) that another site cannot read.
 - **What the browser may do.** A Content-Security-Policy that allows no script
   at all, styles and images from this server only, forms posting here only and
-  no framing; ``nosniff``, no referrer to other sites, nothing cached.
+  no framing; ``nosniff``, no referrer to other sites; no page cached (the
+  stylesheet is, under a URL that names the version).
 """
 
 from __future__ import annotations
@@ -50,10 +51,10 @@ HEADERS = [
     (b"x-content-type-options", b"nosniff"),
     (b"referrer-policy", b"same-origin"),  # "no-referrer" makes a form post "Origin: null"
     (b"x-frame-options", b"DENY"),
-    (b"cache-control", b"no-store"),
 ]
 SAFE_METHODS = frozenset({"GET", "HEAD"})
 SIGN_IN = "/sign-in"  # the one page (and POST) open without a token
+STATIC = "/static/"  # the stylesheet: cached (its URL names the version), the pages never
 _FORM_MOST = 1 << 20  # bytes of a form body read to find its token
 
 
@@ -101,9 +102,15 @@ class Guard:
         scope[STARTED_KEY] = time.perf_counter()
         headers = _headers(scope)
 
+        static = scope.get("path", "").startswith(self.prefix + STATIC)
+
         async def secured(message: MutableMapping[str, Any]) -> None:
             if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), *HEADERS]
+                kept = [
+                    (k, v) for k, v in message.get("headers", []) if k.lower() != b"cache-control"
+                ]
+                cache = b"public, max-age=86400, immutable" if static else b"no-store"
+                message["headers"] = [*kept, *HEADERS, (b"cache-control", cache)]
             await send(message)
 
         refused = await self.hosts.validate_request(Request(scope), is_post=False)

@@ -34,6 +34,9 @@ def filters_sql(f: Filters, *, live_only: bool = True) -> tuple[str, list[Any]]:
     if f.until:
         clauses.append("r.created_at < %s")
         params.append(f.until)
+    if f.through:
+        clauses.append("r.created_at <= %s")
+        params.append(f.through)
     if f.exclude_ids:
         clauses.append("NOT (r.id = ANY(%s))")
         params.append(list(f.exclude_ids))

@@ -71,6 +71,9 @@ def filters_sql(f: Filters, *, live_only: bool = True) -> tuple[str, list[Any]]:
     if f.until:
         clauses.append("r.created_at < ?")
         params.append(f.until)
+    if f.through:
+        clauses.append("r.created_at <= ?")
+        params.append(f.through)
     if f.exclude_ids:
         clauses.append(f"r.id NOT IN ({marks(f.exclude_ids)})")
         params.extend(f.exclude_ids)
