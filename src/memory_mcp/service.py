@@ -477,6 +477,11 @@ class MemoryService:
 
         return await curation.projects(self.engine)
 
+    async def write_mark(self) -> object | None:
+        """A value that changes with every commit to the store, by any process (None:
+        the backend has none): what a cache of reads is kept by."""
+        return await self.engine.store.write_mark()
+
     async def upkeep(self) -> Upkeep:
         """The embedder, rows awaiting vectors, open conflicts and the maintenance tasks'
         last runs, without ``status``'s counts (``curation.upkeep``)."""

@@ -258,3 +258,13 @@ async def test_the_pages_of_a_project_list_every_record_once_newest_first(
     assert pages == 3
     assert len(shown) == len(set(shown)) == 120 and set(shown) == ids
     assert times_shown == sorted(times_shown, reverse=True)
+
+
+async def test_the_projects_page_counts_what_was_written_since_it_was_last_shown(
+    client: httpx.AsyncClient, memory: MemoryService, project: Path
+) -> None:
+    await memory.store("The API listens on port 8080", cwd=project)
+    assert "1</strong> memories" in (await client.get("/")).text
+    assert "1</strong> memories" in (await client.get("/")).text  # kept while nothing changed
+    await memory.store("Releases are tagged by the release job", cwd=project)
+    assert "2</strong> memories" in (await client.get("/")).text
