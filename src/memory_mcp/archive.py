@@ -114,7 +114,13 @@ async def archive_project(engine: Engine, cwd: str | Path | None, *, dry_run: bo
 
 
 async def archived(
-    engine: Engine, scope_keys: Sequence[str] = (), *, reason: str | None = None, limit: int = 50
+    engine: Engine,
+    scope_keys: Sequence[str] = (),
+    *,
+    reason: str | None = None,
+    limit: int = 50,
+    offset: int = 0,
 ) -> list[Record]:
-    """Archived records of these scopes (every scope if none), most recent first."""
-    return await engine.store.archived(tuple(scope_keys), reason=reason, limit=limit)
+    """Archived records of these scopes (every scope if none), most recent first
+    (after the first ``offset``)."""
+    return await engine.store.archived(tuple(scope_keys), reason=reason, limit=limit, offset=offset)

@@ -437,10 +437,17 @@ class MemoryService:
         await maintenance.loop(self.engine)
 
     async def archived(
-        self, scope_keys: Sequence[str] = (), *, reason: str | None = None, limit: int = 50
+        self,
+        scope_keys: Sequence[str] = (),
+        *,
+        reason: str | None = None,
+        limit: int = 50,
+        offset: int = 0,
     ) -> list[Record]:
         """Archived records of these scopes (every scope if none), most recent first."""
-        return await archive.archived(self.engine, scope_keys, reason=reason, limit=limit)
+        return await archive.archived(
+            self.engine, scope_keys, reason=reason, limit=limit, offset=offset
+        )
 
     async def restore(self, record_ids: Sequence[str]) -> list[Record]:
         """Bring archived records back exactly as they were (``archive.restore``)."""

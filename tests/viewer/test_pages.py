@@ -268,3 +268,19 @@ async def test_the_projects_page_counts_what_was_written_since_it_was_last_shown
     assert "1</strong> memories" in (await client.get("/")).text  # kept while nothing changed
     await memory.store("Releases are tagged by the release job", cwd=project)
     assert "2</strong> memories" in (await client.get("/")).text
+
+
+async def test_archived_records_come_a_page_at_a_time(
+    client: httpx.AsyncClient, memory: MemoryService, project: Path
+) -> None:
+    for i in range(53):
+        words = " ".join(random.Random(1000 + i).sample(WORDS, 5))
+        stored = await memory.store(words, cwd=project)
+        await memory.forget(stored.id, reason="done with it")
+    first = (await client.get("/archived")).text
+    assert first.count("done with it") == 50
+    older = re.search(r'href="([^"]+)" rel="next"', first)
+    assert older
+    second = (await client.get(older.group(1).replace("&amp;", "&"))).text
+    assert second.count("done with it") == 3 and 'rel="next"' not in second
+    assert (await client.get("/archived?from=x")).status_code == 400

@@ -323,6 +323,7 @@ class RecordReads(Protocol):
         reason: str | None = None,
         before: str | None = None,
         limit: int = 100,
+        offset: int = 0,
     ) -> list[Record]:
         """Archived records, most recently archived first."""
         ...

@@ -35,6 +35,7 @@ from memory_mcp.service import MemoryService
 
 if TYPE_CHECKING:
     from memory_mcp.curation import ProjectSummary
+from memory_mcp.viewer import charts as charts_module
 from memory_mcp.viewer.charts import month_bars
 from memory_mcp.viewer.guard import (
     COOKIE,
@@ -174,7 +175,15 @@ class Pages:
                 found = await self.memory.projects()
                 self.counted = (mark, user, found)
         charts = {p.key: month_bars(p.by_month) for p in found}
-        return self.v.render(request, "projects.html", projects=found, charts=charts)
+        return self.v.render(
+            request,
+            "projects.html",
+            projects=found,
+            charts=charts,
+            chart_width=charts_module.WIDTH,
+            chart_height=charts_module.HEIGHT,
+            bar_width=charts_module.BAR - 1,
+        )
 
     async def project(self, request: Request) -> Response:
         query = request.query_params
@@ -300,14 +309,20 @@ class Pages:
 
     async def archived(self, request: Request) -> Response:
         key = request.query_params.get("key")
+        offset = _count(request.query_params.get("from", "0"), "from")
         with self.v.acting(request):
             keys = await self.memory.project_keys(key) if key is not None else ()
-            records = [
-                r
-                for r in await self.memory.archived(keys, limit=PAGE)
-                if r.visible_to(self.memory.user)
-            ]
-        return self.v.render(request, "archived.html", records=records, key=key)
+            found = await self.memory.archived(keys, limit=PAGE + 1, offset=offset)
+        records = [r for r in found[:PAGE] if r.visible_to(self.memory.user)]
+        more = len(found) > PAGE
+        return self.v.render(
+            request,
+            "archived.html",
+            records=records,
+            key=key,
+            next_url=self.v.url("/archived", key=key, **{"from": offset + PAGE}) if more else "",
+            first_url=self.v.url("/archived", key=key) if offset else "",
+        )
 
     async def brief(self, request: Request) -> Response:
         key = request.query_params.get("key", GLOBAL_KEY)
@@ -332,6 +347,12 @@ class Pages:
     async def maintenance(self, request: Request) -> Response:
         status = await self.memory.upkeep()
         return self.v.render(request, "maintenance.html", status=status)
+
+
+def _count(value: str, name: str) -> int:
+    if not value.isdigit():
+        raise InvalidInput(f"{name} must be a whole number, got {value!r}")
+    return int(value)
 
 
 def _text(form: FormData, name: str) -> str:

@@ -32,12 +32,16 @@ def month_bars(by_month: dict[str, int]) -> list[Bar]:
         year, month = (year + 1, 1) if month == 12 else (year, month + 1)
     months = months[-MONTHS_SHOWN:]
     peak = max(by_month.get(m, 0) for m in months) or 1
+    first = MONTHS_SHOWN - len(months)  # the latest month at the right edge
     bars = []
     for i, name in enumerate(months):
         count = by_month.get(name, 0)
         height = max(1, round(HEIGHT * count / peak)) if count else 0
-        bars.append(Bar(name, count, i * BAR, HEIGHT - height, height))
+        bars.append(Bar(name, count, (first + i) * BAR, HEIGHT - height, height))
     return bars
+
+
+WIDTH = MONTHS_SHOWN * BAR  # the chart's width, whatever months it has
 
 
 def _month(text: str) -> tuple[int, int] | None:

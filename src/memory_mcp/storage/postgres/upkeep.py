@@ -72,6 +72,7 @@ class UpkeepReads(Queries):
         reason: str | None = None,
         before: str | None = None,
         limit: int = 100,
+        offset: int = 0,
     ) -> list[Record]:
         """Archived records, most recently archived first."""
         clauses = ["r.archived_at IS NOT NULL"]
@@ -87,8 +88,8 @@ class UpkeepReads(Queries):
             params.append(before)
         rows = await self.fetch(
             f"SELECT {SELECT} FROM records r WHERE {' AND '.join(clauses)} "
-            "ORDER BY r.archived_at DESC, r.seq DESC LIMIT %s",
-            [*params, limit],
+            "ORDER BY r.archived_at DESC, r.seq DESC LIMIT %s OFFSET %s",
+            [*params, limit, offset],
         )
         return [record_of(row) for row in rows]
 

@@ -52,6 +52,7 @@ class UpkeepReads:
         reason: str | None = None,
         before: str | None = None,
         limit: int = 100,
+        offset: int = 0,
     ) -> list[Record]:
         """Archived records, most recently archived first.
 
@@ -59,6 +60,7 @@ class UpkeepReads:
             scope_keys: only these scopes (all when empty).
             reason: only those archived for this reason.
             before: only those archived before this time.
+            offset: after the first so many (a page).
         """
         clauses: list[str] = ["r.archived_at IS NOT NULL"]
         params: list[Any] = []
@@ -73,8 +75,8 @@ class UpkeepReads:
             params.append(before)
         rows = await self.reads.fetch(
             f"SELECT {SELECT} FROM records r WHERE {' AND '.join(clauses)} "
-            "ORDER BY r.archived_at DESC, r.seq DESC LIMIT ?",
-            [*params, limit],
+            "ORDER BY r.archived_at DESC, r.seq DESC LIMIT ? OFFSET ?",
+            [*params, limit, offset],
         )
         return [record_of(row) for row in rows]
 
