@@ -36,12 +36,15 @@ class ConflictView:
 
 
 async def open_conflicts(engine: Engine) -> list[ConflictView]:
-    """The operator's inbox: every open conflict, oldest first, with both records."""
+    """The operator's inbox: every open conflict, oldest first, with both records (those
+    about another user's personal records left out)."""
     views = []
     for conflict in await engine.store.conflicts(open_only=True):
         pair = {
             r.id: r for r in await engine.store.get_many([conflict.record_id, conflict.other_id])
         }
+        if not all(r.visible_to(engine.user) for r in pair.values()):
+            continue
         views.append(
             ConflictView(conflict, pair.get(conflict.record_id), pair.get(conflict.other_id))
         )
@@ -69,7 +72,12 @@ async def resolve_conflict(
             ``text`` is missing (for merged) or given for another choice.
     """
     conflict = await engine.store.conflict(conflict_id)
-    if conflict is None:
+    pair = {}
+    if conflict is not None:
+        found = await engine.store.get_many([conflict.record_id, conflict.other_id])
+        pair = {r.id: r for r in found}
+    if conflict is None or not all(r.visible_to(engine.user) for r in pair.values()):
+        # another user's personal records: as if there were no such conflict
         raise NotFound(f"no conflict #{conflict_id} (memory-mcp conflicts lists the open ones)")
     if conflict.resolved_at is not None:
         raise InvalidInput(f"conflict #{conflict_id} was already resolved ({conflict.resolution})")
@@ -81,7 +89,6 @@ async def resolve_conflict(
             if keep == "merged"
             else "--text goes only with --keep merged"
         )
-    pair = {r.id: r for r in await engine.store.get_many([conflict.record_id, conflict.other_id])}
     new, old = pair.get(conflict.record_id), pair.get(conflict.other_id)
     if new is None or old is None:
         raise NotFound(f"a record of conflict #{conflict_id} no longer exists")

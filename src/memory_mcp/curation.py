@@ -12,11 +12,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from memory_mcp.brief import Brief, build_brief
+from memory_mcp.conflicts import open_conflicts
 from memory_mcp.embedders.runtime import EmbedderStatus
 from memory_mcp.engine import Engine
 from memory_mcp.errors import InvalidInput, NotFound
+from memory_mcp.fusion import shown_record
 from memory_mcp.records import CORPORA, CORPUS_OF_KIND, Conflict, Record, format_time, parse_time
 from memory_mcp.scope import GLOBAL_KEY
+from memory_mcp.secret_scan import redact_text
 from memory_mcp.storage.base import Filters, TaskState
 
 # How many older and newer values of a record ``history`` follows, at most.
@@ -70,7 +73,7 @@ async def upkeep(engine: Engine) -> Upkeep:
         database=store.location,
         embedder=engine.embeddings.status(),
         awaiting_embedding=await store.count_needing_embedding(engine.embeddings.identity),
-        open_conflicts=len(await store.conflicts(open_only=True)),
+        open_conflicts=len(await open_conflicts(engine)),
         tasks=await store.tasks(),
     )
 
@@ -109,8 +112,8 @@ async def projects(engine: Engine) -> list[ProjectSummary]:
         summary.by_agent = dict(agent.most_common())
         summary.by_month = dict(sorted(month.items()))
         summaries[key] = summary
-    for conflict in await engine.store.conflicts(open_only=True):
-        owner = next((s for s in summaries.values() if conflict.scope_key in _keys(s)), None)
+    for view in await open_conflicts(engine):  # those the user may read
+        owner = next((s for s in summaries.values() if view.conflict.scope_key in _keys(s)), None)
         if owner is not None:
             owner.open_conflicts += 1
     return sorted(summaries.values(), key=lambda s: (s.is_global, -s.records, s.key))
@@ -166,7 +169,7 @@ async def listing(
         kept = [r for r in found if r.id not in skip]
         merged.extend((r.created_at, -place, -i, r) for i, r in enumerate(kept))
     merged.sort(key=lambda row: row[:3], reverse=True)
-    return [record for *_, record in merged[:limit]]
+    return [shown(engine, record) for *_, record in merged[:limit]]
 
 
 def _time(value: str, name: str) -> str | None:
@@ -187,7 +190,7 @@ async def readable(engine: Engine, record_id: str) -> Record:
     record = await engine.store.get(record_id)
     if record is None or not record.visible_to(engine.user):
         raise NotFound(f"no record with id {record_id!r}")
-    return record
+    return shown(engine, record)
 
 
 async def history(engine: Engine, record: Record) -> History:
@@ -211,7 +214,11 @@ async def history(engine: Engine, record: Record) -> History:
         newer.append(later)
         following = later.replaced_by
     conflicts = await engine.store.open_conflicts_of([record.id])
-    return History(older=older, newer=newer, conflicts=conflicts)
+    return History(
+        older=[shown(engine, r) for r in older],
+        newer=[shown(engine, r) for r in newer],
+        conflicts=conflicts,
+    )
 
 
 async def reinstate(engine: Engine, record_id: str) -> Record:
@@ -255,6 +262,13 @@ async def project_brief(engine: Engine, key: str, *, budget: int | None = None) 
     return await build_brief(engine, keys=await project_keys(engine, key), budget=budget)
 
 
-def visible(engine: Engine, records: Sequence[Record | None]) -> list[Record]:
-    """The records among these the user may read."""
-    return [r for r in records if r is not None and r.visible_to(engine.user)]
+def shown(engine: Engine, record: Record) -> Record:
+    """A record as a page may show it: its text and the texts it folded through the
+    current secret rules (a secret stored before a rule existed stays hidden), unless
+    ``write.secrets`` is off."""
+    if not engine.redacts:
+        return record
+    folded = [replace(m, content=redact_text(m.content)) for m in record.merged_from]
+    changed = any(a.content != b.content for a, b in zip(folded, record.merged_from, strict=True))
+    record = shown_record(record)
+    return replace(record, merged_from=folded) if changed else record

@@ -538,11 +538,19 @@ class MemoryService:
         return await curation.readable(self.engine, record_id)
 
     async def records(self, record_ids: Sequence[str]) -> list[Record]:
-        """The records among these that the user may read, in that order."""
+        """The records among these that the user may read, in that order, as shown
+        (``curation.shown``)."""
         found = {r.id: r for r in await self.engine.store.get_many(record_ids)}
-        return [
-            found[i] for i in record_ids if i in found and found[i].visible_to(self.engine.user)
-        ]
+        return self.shown(
+            [found[i] for i in record_ids if i in found and found[i].visible_to(self.engine.user)]
+        )
+
+    def shown(self, records: Sequence[Record | None]) -> list[Record]:
+        """The records a page may show, through the current secret rules (``curation.shown``);
+        None stays out."""
+        from memory_mcp import curation
+
+        return [curation.shown(self.engine, r) for r in records if r is not None]
 
     async def history(self, record: Record) -> History:
         """A record's supersede chain both ways and its open conflicts."""

@@ -184,3 +184,31 @@ def test_cli_search_brief_and_spawn_files_show_them_redacted(project: Path) -> N
     written = [p for p in project.rglob("*") if p.is_file() and ".git" not in p.parts]
     spawn = "\n".join(p.read_text(encoding="utf-8") for p in written)
     assert "AWS creds for staging" in spawn and not leaks(spawn), spawn
+
+
+async def test_the_viewer_shows_them_redacted(memory: MemoryService, project: Path) -> None:
+    import httpx
+
+    from memory_mcp.config import ServeSettings
+    from memory_mcp.mcp.tokens import Tokens
+    from memory_mcp.mcp.transports import transport_security
+    from memory_mcp.viewer.app import build_app
+
+    app = build_app(memory, tokens=Tokens("", None), security=transport_security(ServeSettings()))
+    key = (await memory.engine.project(project)).key
+    found = await memory.listing((key,), limit=10)
+    shown = [r for r in found if "AWS creds" in r.content]
+    assert shown and not leaks(shown[0].content)
+    await memory.forget(shown[0].id, reason="rotated")
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8766") as c:
+        for path in (
+            f"/project?key={key}",
+            f"/project?key={key}&q=AWS+creds+REDIS_URL",
+            f"/record/{shown[0].id}",
+            "/archived",
+            f"/brief?key={key}",
+        ):
+            page = await c.get(path)
+            assert page.status_code == 200, path
+            assert "REDACTED" in page.text and not leaks(page.text), path

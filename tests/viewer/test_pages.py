@@ -3,9 +3,12 @@ they refuse (another host, another site, a missing form token, no sign-in)."""
 
 from __future__ import annotations
 
+import os
 import random
 import re
+import time
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx
@@ -284,3 +287,88 @@ async def test_archived_records_come_a_page_at_a_time(
     second = (await client.get(older.group(1).replace("&amp;", "&"))).text
     assert second.count("done with it") == 3 and 'rel="next"' not in second
     assert (await client.get("/archived?from=x")).status_code == 400
+
+
+async def team(memory: MemoryService, project: Path, tmp_path: Path) -> tuple[object, Path]:
+    """The viewer of a server with a tokens file naming alice and bob."""
+    tokens_file = tmp_path / "tokens.toml"
+    tokens_file.write_text(
+        f'[users]\nalice = "{digest("alice-token-0123456789")}"\n'
+        f'bob = "{digest("bob-token-0123456789ab")}"\n'
+    )
+    app = build_app(
+        memory,
+        tokens=Tokens("", tokens_file),
+        security=transport_security(ServeSettings()),
+        root=project,
+    )
+    return app, tokens_file
+
+
+@asynccontextmanager
+async def signed_in(app: object, token: str) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
+    async with httpx.AsyncClient(transport=transport, base_url=BASE) as client:
+        assert (await client.post("/sign-in", data={"token": token})).status_code == 303
+        yield client
+
+
+async def test_one_user_never_reaches_anothers_personal_records_or_conflicts(
+    memory: MemoryService, project: Path, tmp_path: Path
+) -> None:
+    app, _ = await team(memory, project, tmp_path)
+    with MemoryService.acting_as("alice"):
+        gone = await memory.store("My staging password hint is the cat", cwd=project, private=True)
+        await memory.forget(gone.id, reason="not needed")
+        old = await memory.store("I run tests with pytest -x", cwd=project, private=True)
+        new = await memory.store("I never run tests with -x", cwd=project, private=True)
+    assert new.conflict_id is not None
+    async with signed_in(app, "bob-token-0123456789ab") as bob:
+        assert "password hint" not in (await bob.get("/archived")).text
+        assert "No open conflicts" in (await bob.get("/conflicts")).text
+        csrf = form_token((await bob.get("/archived")).text)
+        for keep in ("old", "merged"):
+            answer = await bob.post(
+                f"/conflicts/{new.conflict_id}", data={"keep": keep, "text": "x", "csrf": csrf}
+            )
+            assert answer.status_code == 404 and old.id not in answer.text
+        assert (
+            await bob.post(f"/conflicts/{1 << 63}", data={"keep": "old", "csrf": csrf})
+        ).status_code == 404
+        assert "0 open conflicts" not in (await bob.get("/")).text
+    assert (await memory.get(old.id)).current and (await memory.get(new.id)).current
+    async with signed_in(app, "alice-token-0123456789") as alice:
+        assert "never run tests" in (await alice.get("/conflicts")).text
+
+
+async def test_a_session_ends_when_its_token_goes_or_its_user_signs_out(
+    memory: MemoryService, project: Path, tmp_path: Path
+) -> None:
+    app, tokens_file = await team(memory, project, tmp_path)
+    async with (
+        signed_in(app, "bob-token-0123456789ab") as bob,
+        signed_in(app, "alice-token-0123456789") as alice,
+    ):
+        assert (await bob.get("/")).status_code == 200
+        tokens_file.write_text(f'[users]\nalice = "{digest("alice-token-0123456789")}"\n')
+        os.utime(tokens_file, (time.time() + 5, time.time() + 5))  # read again: it changed
+        assert (await bob.get("/")).status_code == 303  # bob is out at once
+        page = await alice.get("/")
+        assert page.status_code == 200 and "Sign out" in page.text
+        out = await alice.post("/sign-out", data={"csrf": form_token(page.text)})
+        assert out.status_code == 303 and out.headers["location"] == "/sign-in"
+        assert (await alice.get("/")).status_code == 303
+
+
+async def test_the_stylesheet_needs_no_sign_in_and_a_huge_form_is_refused(
+    memory: MemoryService, project: Path, tmp_path: Path
+) -> None:
+    app, _ = await team(memory, project, tmp_path)
+    transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
+    async with httpx.AsyncClient(transport=transport, base_url=BASE) as anyone:
+        css = await anyone.get("/static/viewer.css")
+        assert css.status_code == 200 and "immutable" in css.headers["cache-control"]
+        assert (await anyone.get("/static/nothing.css")).headers["cache-control"] == "no-store"
+        assert (await anyone.get("/")).headers["cache-control"] == "no-store"
+        huge = await anyone.post("/sign-in", data={"token": "x" * (2 << 20)})
+        assert huge.status_code == 413

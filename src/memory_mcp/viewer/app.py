@@ -11,10 +11,10 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 from mcp.server.transport_security import TransportSecuritySettings
@@ -80,8 +80,11 @@ class Viewer:
             yield
 
     def url(self, path: str, **query: Any) -> str:
+        """A link to ``path`` here (quoted: a record id is any text) with ``query``'s
+        non-empty values."""
         wanted = {k: v for k, v in query.items() if v not in (None, "", ())}
-        return self.prefix + path + (f"?{urlencode(wanted, doseq=True)}" if wanted else "")
+        where = self.prefix + quote(path, safe="/")
+        return where + (f"?{urlencode(wanted, doseq=True)}" if wanted else "")
 
     def render(self, request: Request, name: str, code: int = 200, **values: Any) -> Response:
         started = request.scope.get(STARTED_KEY, time.perf_counter())
@@ -89,6 +92,7 @@ class Viewer:
         html = template.render(
             url=self.url,
             csrf=self.sessions.form_token(request.scope.get(SESSION_KEY, "")),
+            csrf_session=bool(request.scope.get(SESSION_KEY)),
             csrf_field=CSRF_FIELD,
             signed_in=self.tokens.required,
             version=__version__,
@@ -117,6 +121,7 @@ def build_app(
     routes = [
         Route("/", pages.projects),
         Route(SIGN_IN, pages.sign_in, methods=["GET", "POST"]),
+        Route("/sign-out", pages.sign_out, methods=["POST"]),
         Route("/project", pages.project),
         Route("/record/{record_id}", pages.record),
         Route("/record/{record_id}/forget", pages.forget, methods=["POST"]),
@@ -150,17 +155,24 @@ class Pages:
         if request.method == "GET":
             return self.v.render(request, "sign_in.html", failed=False)
         form = await request.form()
-        caller = self.v.tokens.caller(str(form.get("token", "")).strip())
-        if caller is None:
+        token = _text(form, "token")
+        if self.v.tokens.caller(token) is None:
             return self.v.render(request, "sign_in.html", code=401, failed=True)
         response = RedirectResponse(self.v.url("/"), status_code=303)
         response.set_cookie(
             COOKIE,
-            self.v.sessions.open(caller),
+            self.v.sessions.open(token),
             httponly=True,
             samesite="strict",
+            secure=request.url.scheme == "https",
             path=self.v.prefix or "/",
         )
+        return response
+
+    async def sign_out(self, request: Request) -> Response:
+        self.v.sessions.close(request.scope.get(SESSION_KEY, ""))
+        response = RedirectResponse(self.v.url(SIGN_IN), status_code=303)
+        response.delete_cookie(COOKIE, path=self.v.prefix or "/")
         return response
 
     async def projects(self, request: Request) -> Response:
@@ -288,15 +300,20 @@ class Pages:
     async def conflicts(self, request: Request) -> Response:
         with self.v.acting(request):
             views = [
-                c
-                for c in await self.memory.conflicts()
-                if all(r is None or r.visible_to(self.memory.user) for r in (c.new, c.old))
+                replace(view, new=new, old=old)
+                for view in await self.memory.conflicts()
+                for new, old in [(self._shown(view.new), self._shown(view.old))]
             ]
         return self.v.render(request, "conflicts.html", conflicts=views, keeps=KEEPS)
+
+    def _shown(self, record: Record | None) -> Record | None:
+        return None if record is None else self.memory.shown([record])[0]
 
     async def resolve(self, request: Request) -> Response:
         form = await request.form()
         keep = _text(form, "keep")
+        if request.path_params["conflict_id"] >= 1 << 62:  # no such conflict (nor SQLite int)
+            raise NotFound(f"no conflict #{request.path_params['conflict_id']}")
         if keep not in KEEPS:
             raise InvalidInput(f"keep must be one of {', '.join(KEEPS)}")
         with self.v.acting(request):
@@ -313,7 +330,8 @@ class Pages:
         with self.v.acting(request):
             keys = await self.memory.project_keys(key) if key is not None else ()
             found = await self.memory.archived(keys, limit=PAGE + 1, offset=offset)
-        records = [r for r in found[:PAGE] if r.visible_to(self.memory.user)]
+            user = self.memory.user
+        records = self.memory.shown([r for r in found[:PAGE] if r.visible_to(user)])
         more = len(found) > PAGE
         return self.v.render(
             request,
@@ -350,8 +368,8 @@ class Pages:
 
 
 def _count(value: str, name: str) -> int:
-    if not value.isdigit():
-        raise InvalidInput(f"{name} must be a whole number, got {value!r}")
+    if not (value.isascii() and value.isdigit() and len(value) <= 9):
+        raise InvalidInput(f"{name} must be a whole number below a billion, got {value!r}")
     return int(value)
 
 

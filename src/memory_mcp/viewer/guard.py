@@ -58,17 +58,40 @@ STATIC = "/static/"  # the stylesheet: cached (its URL names the version), the p
 _FORM_MOST = 1 << 20  # bytes of a form body read to find its token
 
 
+SESSION_IDLE_S = 8 * 3600  # a sign-in unused this long ends
+SESSIONS_MOST = 1000  # sign-ins kept; the least recently used go first
+
+
 @dataclass
 class Sessions:
-    """Signed-in browsers: a random id per sign-in, and whom it names."""
+    """Signed-in browsers: a random id per sign-in, and the token it was made with.
+
+    The token is checked again on every request, so a user removed from the
+    tokens file (or a changed ``serve.token``) is out at once; a session unused
+    for ``SESSION_IDLE_S`` ends, and signing out ends it at once.
+    """
 
     secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
-    callers: dict[str, Caller] = field(default_factory=dict)
+    tokens: dict[str, tuple[str, float]] = field(default_factory=dict)  # id: (token, last use)
 
-    def open(self, caller: Caller) -> str:
+    def open(self, token: str) -> str:
         session = secrets.token_urlsafe(32)
-        self.callers[session] = caller
+        self.tokens[session] = (token, time.monotonic())
+        while len(self.tokens) > SESSIONS_MOST:
+            del self.tokens[min(self.tokens, key=lambda s: self.tokens[s][1])]
         return session
+
+    def token(self, session: str) -> str | None:
+        """The token a live session was made with (and it counts as used now)."""
+        found = self.tokens.get(session)
+        if found is None or time.monotonic() - found[1] > SESSION_IDLE_S:
+            self.tokens.pop(session, None)
+            return None
+        self.tokens[session] = (found[0], time.monotonic())
+        return found[0]
+
+    def close(self, session: str) -> None:
+        self.tokens.pop(session, None)
 
     def form_token(self, session: str) -> str:
         """The token a page's forms carry: an HMAC of the session, never sent elsewhere."""
@@ -102,14 +125,16 @@ class Guard:
         scope[STARTED_KEY] = time.perf_counter()
         headers = _headers(scope)
 
-        static = scope.get("path", "").startswith(self.prefix + STATIC)
+        path = scope.get("path", "")
+        static = path.startswith(self.prefix + STATIC)
 
         async def secured(message: MutableMapping[str, Any]) -> None:
             if message["type"] == "http.response.start":
                 kept = [
                     (k, v) for k, v in message.get("headers", []) if k.lower() != b"cache-control"
                 ]
-                cache = b"public, max-age=86400, immutable" if static else b"no-store"
+                stored = static and message.get("status") == 200  # the stylesheet only
+                cache = b"public, max-age=86400, immutable" if stored else b"no-store"
                 message["headers"] = [*kept, *HEADERS, (b"cache-control", cache)]
             await send(message)
 
@@ -118,27 +143,32 @@ class Guard:
             await refused(scope, receive, secured)
             return
         method = scope["method"]
-        if method not in SAFE_METHODS and not _same_origin(headers, scope):
+        safe = method in SAFE_METHODS
+        if not safe and not _same_origin(headers, scope):
             await _plain(secured, 403, "cross-site request refused")
             return
         session = _cookie(headers.get("cookie", ""), COOKIE)
         caller = self._caller(headers, session)
-        path = scope.get("path", "")
-        if caller is None and path != self.prefix + SIGN_IN:
-            if method in SAFE_METHODS:
-                target = self.prefix + SIGN_IN
-                await _redirect(secured, target)
+        signing_in = path == self.prefix + SIGN_IN
+        if caller is None and not signing_in and not (static and safe):
+            if safe:
+                await _redirect(secured, self.prefix + SIGN_IN)
             else:
                 await _plain(secured, 401, "sign in first")
             return
-        session_id = session if session in self.sessions.callers else ""
+        session_id = session if session in self.sessions.tokens else ""
         scope[SESSION_KEY] = session_id
         if caller is not None:
             scope[CALLER_KEY] = caller
-        if method not in SAFE_METHODS and path != self.prefix + SIGN_IN:
+        if not safe:
             body = await _read_body(receive)
+            if body is None:
+                await _plain(secured, 413, "the form is too large")
+                return
             given = parse_qs(body.decode("utf-8", "replace")).get(CSRF_FIELD, [""])[0]
-            if not hmac.compare_digest(given, self.sessions.form_token(session_id)):
+            if not signing_in and not hmac.compare_digest(
+                given, self.sessions.form_token(session_id)
+            ):
                 await _plain(secured, 403, "the form's token is missing or stale: reload the page")
                 return
             receive = _replay(body)
@@ -151,7 +181,8 @@ class Guard:
         scheme, _, token = headers.get("authorization", "").partition(" ")
         if scheme.lower() == "bearer" and token.strip():
             return self.tokens.caller(token.strip())
-        return self.sessions.callers.get(session)
+        signed = self.sessions.token(session) if session else None
+        return self.tokens.caller(signed) if signed is not None else None
 
 
 def _headers(scope: Scope) -> dict[str, str]:
@@ -181,13 +212,16 @@ def _cookie(header: str, name: str) -> str:
     return ""
 
 
-async def _read_body(receive: Receive) -> bytes:
+async def _read_body(receive: Receive) -> bytes | None:
+    """The request's body, or None past ``_FORM_MOST`` bytes (no form here is that big)."""
     body = b""
     while True:
         message = await receive()
         body += bytes(message.get("body", b""))
-        if len(body) > _FORM_MOST or not message.get("more_body"):
-            return body[:_FORM_MOST]
+        if len(body) > _FORM_MOST:
+            return None
+        if not message.get("more_body"):
+            return body
 
 
 def _replay(body: bytes) -> Receive:
