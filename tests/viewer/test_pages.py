@@ -164,21 +164,11 @@ async def test_requests_from_elsewhere_are_refused_and_change_nothing(
 async def test_with_tokens_a_browser_signs_in_and_sees_only_what_its_user_may(
     memory: MemoryService, project: Path, tmp_path: Path
 ) -> None:
-    tokens_file = tmp_path / "tokens.toml"
-    tokens_file.write_text(
-        f'[users]\nalice = "{digest("alice-token-0123456789")}"\n'
-        f'bob = "{digest("bob-token-0123456789ab")}"\n'
-    )
-    app = build_app(
-        memory,
-        tokens=Tokens("", tokens_file),
-        security=transport_security(ServeSettings()),
-        root=project,
-    )
+    app, _ = await team(memory, project, tmp_path)
     with MemoryService.acting_as("alice"):
         mine = await memory.store("My editor is helix", cwd=project, private=True)
         shared = await memory.store("The staging database is read-only", cwd=project)
-    transport = httpx.ASGITransport(app=app)
+    transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
     async with httpx.AsyncClient(transport=transport, base_url=BASE) as bob:
         first = await bob.get("/")
         assert first.status_code == 303 and first.headers["location"] == "/sign-in"
