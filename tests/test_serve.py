@@ -336,6 +336,23 @@ def test_a_port_in_use_is_one_line_and_exit_78(env: dict[str, str], project: Pat
         )
     assert done.returncode == 78
     assert done.stderr.splitlines() == [
-        f"error: port {port} on 127.0.0.1 is in use (another memory-mcp serve?); pick another "
+        f"error: port {port} on 127.0.0.1 is in use (another memory-mcp server?); pick another "
         "with --port or serve.port"
+    ]
+    with socket.socket() as held:  # the viewer's port is its option alone
+        held.bind(("127.0.0.1", 0))
+        held.listen(1)
+        taken = held.getsockname()[1]
+        ui = subprocess.run(
+            [COMMAND, "ui", "--port", str(taken)],
+            env=env,
+            cwd=project,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert ui.returncode == 78
+    assert ui.stderr.splitlines() == [
+        f"error: port {taken} on 127.0.0.1 is in use (another memory-mcp server?); pick another "
+        "with --port"
     ]

@@ -56,7 +56,7 @@ async def serve_viewer(
 
     settings = loaded.settings.serve
     check_exposure(settings)
-    listener = bind(settings.host, port)
+    listener = bind(settings.host, port, setting=None)
     try:
         async with MemoryService.open(loaded) as memory:
             tokens = Tokens(settings.token, tokens_path(settings) if settings.tokens_file else None)

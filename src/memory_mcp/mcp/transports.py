@@ -218,8 +218,9 @@ async def serve(
             listener.close()
 
 
-def bind(host: str, port: int) -> socket.socket:
-    """A listening socket on ``host``:``port``, bound before anything else starts.
+def bind(host: str, port: int, setting: str | None = "serve.port") -> socket.socket:
+    """A listening socket on ``host``:``port``, bound before anything else starts
+    (``setting``: the setting that also chooses the port, named in the error).
 
     Raises:
         ConfigError: the port is in use, or the address is not this machine's.
@@ -235,9 +236,10 @@ def bind(host: str, port: int) -> socket.socket:
     except OSError as exc:
         listener.close()
         if exc.errno == errno.EADDRINUSE:
+            also = f" or {setting}" if setting else ""
             raise ConfigError(
-                f"port {port} on {host} is in use (another memory-mcp serve?); "
-                "pick another with --port or serve.port"
+                f"port {port} on {host} is in use (another memory-mcp server?); "
+                f"pick another with --port{also}"
             ) from None
         raise ConfigError(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from None
     listener.set_inheritable(True)
