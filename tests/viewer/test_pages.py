@@ -362,3 +362,21 @@ async def test_the_stylesheet_needs_no_sign_in_and_a_huge_form_is_refused(
         assert (await anyone.get("/")).headers["cache-control"] == "no-store"
         huge = await anyone.post("/sign-in", data={"token": "x" * (2 << 20)})
         assert huge.status_code == 413
+
+
+async def test_the_global_scope_has_its_own_archive_and_no_brief_of_its_own(
+    client: httpx.AsyncClient, memory: MemoryService, project: Path
+) -> None:
+    mine = await memory.store("Deploy notes live in the wiki", cwd=project)
+    everywhere = await memory.store("The user prefers concise answers", scope="global")
+    await memory.forget(mine.id, reason="moved")
+    await memory.forget(everywhere.id, reason="changed their mind")
+    await memory.store("Releases are tagged by the release job", cwd=project)
+    await memory.store("The user writes British English", scope="global")
+    front = (await client.get("/")).text
+    assert "/brief?key=" in front and 'href="/brief"' not in front
+    archived = (await client.get("/archived?global=1")).text
+    assert "changed their mind" in archived and "moved" not in archived
+    assert "moved" in (await client.get("/archived")).text
+    refused = await client.get("/brief")
+    assert refused.status_code == 400 and "has no brief of its own" in refused.text

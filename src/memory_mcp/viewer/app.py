@@ -326,28 +326,40 @@ class Pages:
 
     async def archived(self, request: Request) -> Response:
         key = request.query_params.get("key")
+        if request.query_params.get("global"):  # the global scope's key is ""
+            key = GLOBAL_KEY
         offset = _count(request.query_params.get("from", "0"), "from")
         with self.v.acting(request):
             keys = await self.memory.project_keys(key) if key is not None else ()
             found = await self.memory.archived(keys, limit=PAGE + 1, offset=offset)
             user = self.memory.user
         records = self.memory.shown([r for r in found[:PAGE] if r.visible_to(user)])
+        scope = {"global": 1} if key == GLOBAL_KEY else {}
         more = len(found) > PAGE
         return self.v.render(
             request,
             "archived.html",
             records=records,
             key=key,
-            next_url=self.v.url("/archived", key=key, **{"from": offset + PAGE}) if more else "",
-            first_url=self.v.url("/archived", key=key) if offset else "",
+            next_url=self.v.url("/archived", key=key, **{"from": offset + PAGE}, **scope)
+            if more
+            else "",
+            first_url=self.v.url("/archived", key=key, **scope) if offset else "",
         )
 
     async def brief(self, request: Request) -> Response:
         key = request.query_params.get("key", GLOBAL_KEY)
+        if key == GLOBAL_KEY:
+            raise InvalidInput(
+                "the global scope has no brief of its own: each project's brief carries "
+                "its global facts (open a project's brief)"
+            )
         with self.v.acting(request):
             brief = await self.memory.project_brief(key)
             left_out = await self.memory.records(brief.left_out)
-        root = self.v.root
+            # Prompt files are read only where they are known: the project `ui` runs in.
+            here = await self.memory.project_keys(key) if self.v.root is not None else ()
+            root = self.v.root if here and await self._runs_in(key) else None
         deliveries = []
         for agent in AGENTS:
             file = prompt_file(root, agent) if root is not None else None
@@ -361,6 +373,10 @@ class Pages:
             left_out=left_out,
             deliveries=deliveries,
         )
+
+    async def _runs_in(self, key: str) -> bool:
+        """Whether ``key`` is the project of the directory the viewer was started in."""
+        return (await self.memory.project(self.v.root)).key == key
 
     async def maintenance(self, request: Request) -> Response:
         status = await self.memory.upkeep()
