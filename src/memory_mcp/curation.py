@@ -17,8 +17,9 @@ from memory_mcp.embedders.runtime import EmbedderStatus
 from memory_mcp.engine import Engine
 from memory_mcp.errors import InvalidInput, NotFound
 from memory_mcp.fusion import shown_record
-from memory_mcp.records import CORPORA, CORPUS_OF_KIND, Conflict, Record, format_time, parse_time
+from memory_mcp.records import CORPORA, CORPUS_OF_KIND, Conflict, Record
 from memory_mcp.scope import GLOBAL_KEY
+from memory_mcp.search import time_bound
 from memory_mcp.secret_scan import redact_text
 from memory_mcp.storage.base import Filters, TaskState
 
@@ -157,9 +158,9 @@ async def listing(
         kinds=(kind,) if kind else (),
         tags=(tag.strip().casefold(),) if tag.strip() else (),
         agents=(agent.strip(),) if agent.strip() else (),
-        since=_time(since, "since"),
-        until=_time(until, "until"),
-        through=_time(before, "before"),
+        since=time_bound(since.strip(), "since"),
+        until=time_bound(until.strip(), "until"),
+        through=time_bound(before.strip(), "before"),
         viewer=engine.user,
     )
     skip = set(seen) if before else set()
@@ -170,15 +171,6 @@ async def listing(
         merged.extend((r.created_at, -place, -i, r) for i, r in enumerate(kept))
     merged.sort(key=lambda row: row[:3], reverse=True)
     return [shown(engine, record) for *_, record in merged[:limit]]
-
-
-def _time(value: str, name: str) -> str | None:
-    if not value.strip():
-        return None
-    try:
-        return format_time(parse_time(value.strip()))
-    except ValueError:
-        raise InvalidInput(f"{name} must be a date or time (2026-01-31), got {value!r}") from None
 
 
 async def readable(engine: Engine, record_id: str) -> Record:

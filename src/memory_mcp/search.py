@@ -89,7 +89,7 @@ async def search(
             raise InvalidInput(f"unknown corpus {corpus!r}; use one of: {', '.join(CORPORA)}")
     if kinds:
         corpora = tuple(dict.fromkeys(CORPUS_OF_KIND[k] for k in kinds))
-    after, before = _time_bound(since, "since"), _time_bound(until, "until")
+    after, before = time_bound(since, "since"), time_bound(until, "until")
     if after is not None and before is not None and after >= before:
         raise InvalidInput(
             f"since ({since}) is not before until ({until}): nothing can match; "
@@ -387,7 +387,12 @@ def _mode(query_vector: Vector | None) -> Literal["hybrid", "lexical"]:
     return "hybrid" if query_vector is not None else "lexical"
 
 
-def _time_bound(value: datetime | str | None, name: str) -> str | None:
+def time_bound(value: datetime | str | None, name: str) -> str | None:
+    """A ``since``/``until`` bound as stored times compare (None: no bound).
+
+    Raises:
+        InvalidInput: it is not a date or time.
+    """
     if value is None or value == "":
         return None
     if isinstance(value, datetime):

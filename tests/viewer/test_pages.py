@@ -380,3 +380,18 @@ async def test_the_global_scope_has_its_own_archive_and_no_brief_of_its_own(
     assert "moved" in (await client.get("/archived")).text
     refused = await client.get("/brief")
     assert refused.status_code == 400 and "has no brief of its own" in refused.text
+
+
+async def test_a_bad_kind_or_time_is_a_sentence_saying_what_to_change(
+    client: httpx.AsyncClient, memory: MemoryService, project: Path
+) -> None:
+    key = await key_of(memory, project)
+    for query, said in [
+        ("kind=bogus", "unknown kind 'bogus'"),
+        ("kind=bogus&q=deploys", "unknown kind 'bogus'"),
+        ("since=notadate", "since must be"),
+        ("until=notadate&q=deploys", "until must be"),
+    ]:
+        page = await client.get(f"/project?key={key}&{query}")
+        assert page.status_code == 400, query
+        assert said in page.text.replace("&#39;", "'"), query

@@ -204,9 +204,6 @@ class Pages:
         kind, agent, tag = query.get("kind", ""), query.get("agent", ""), query.get("tag", "")
         since, until = query.get("since", ""), query.get("until", "")
         before, seen = query.get("before", ""), query.getlist("seen")
-        if kind and kind not in CORPUS_OF_KIND:
-            raise InvalidInput(f"unknown kind {kind!r}; use one of: {', '.join(CORPUS_OF_KIND)}")
-        corpora = (CORPUS_OF_KIND[kind],) if kind else CORPORA
         with self.v.acting(request):
             keys = await self.memory.project_keys(key)
             hits: list[Any] = []
@@ -217,7 +214,7 @@ class Pages:
                 result = await self.memory.search(
                     text,
                     keys=keys,
-                    corpora=corpora,
+                    corpora=CORPORA,  # a kind names its corpus (``search.search`` checks it)
                     kinds=(kind,) if kind else (),
                     tags=(tag,) if tag else (),
                     agents=(agent,) if agent else (),
@@ -358,8 +355,7 @@ class Pages:
             brief = await self.memory.project_brief(key)
             left_out = await self.memory.records(brief.left_out)
             # Prompt files are read only where they are known: the project `ui` runs in.
-            here = await self.memory.project_keys(key) if self.v.root is not None else ()
-            root = self.v.root if here and await self._runs_in(key) else None
+            root = self.v.root if self.v.root is not None and await self._runs_in(key) else None
         deliveries = []
         for agent in AGENTS:
             file = prompt_file(root, agent) if root is not None else None
