@@ -297,6 +297,11 @@ async def test_restoring_a_folded_record_undoes_the_fold(
     assert restored.current and restored.replaced_by is None and restored.embedder
     canonical = await memory.get(second.id)
     assert canonical.merged_from == [] and canonical.fold_count == 0 and canonical.embedder
+    # A person took them apart: the sweep, which would fold them, leaves them so.
+    [report] = await Maintenance(memory.engine).run(["consolidate"])
+    assert report.counts == {}
+    assert (await memory.get(first.id)).current and (await memory.get(second.id)).current
+    assert await memory.conflicts() == []  # kept apart is no question for the inbox
 
 
 async def test_project_done_archives_everything_and_restore_brings_it_back(

@@ -151,8 +151,8 @@ async def _consolidate_one(run: TaskRun, record: Record, identity: str | None) -
         decision = decide(compare(old.content, new.content, similarity), fold_settings)
         if decision.action == "insert":
             continue
-        if decision.action == "conflict" and await run.store.conflict_between(old.id, new.id):
-            continue  # already in the inbox (or resolved by the operator)
+        if await run.store.conflict_between(old.id, new.id):
+            continue  # in the inbox, or settled by a person (kept both, a fold undone)
         return await _apply(run, decision.action, decision.reason, old, new, identity)
     return None
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from memory_mcp.records import Record
+from memory_mcp.records import Conflict, Record
+
+KEPT_APART = "kept apart"  # the resolution of a pair a person took apart: never folded again
 
 
 class Unfolding(Protocol):
@@ -16,6 +18,8 @@ class Unfolding(Protocol):
 
     async def drop_vectors(self, record_id: str) -> None: ...
 
+    async def import_conflict(self, conflict: Conflict) -> bool: ...
+
 
 async def unfold(tx: Unfolding, record: Record, at: str) -> None:
     """Take a folded record's texts out of the current record that holds them.
@@ -24,7 +28,9 @@ async def unfold(tx: Unfolding, record: Record, at: str) -> None:
     entry of the record and the entries the record had absorbed itself, and the
     folds and accesses they brought; tags and importance it took over stay. Its
     vectors were made with the restored texts, so they are dropped (re-embedding
-    makes them again).
+    makes them again). The pair is written down as a resolved conflict, kept
+    apart, so that maintenance's consolidation does not fold it again (it skips
+    every pair that was ever in the inbox).
     """
     holder_id = record.replaced_by
     seen: set[str] = set()
@@ -42,5 +48,17 @@ async def unfold(tx: Unfolding, record: Record, at: str) -> None:
                 holder.access_count = max(0, holder.access_count - record.access_count)
                 await tx.update_merged(holder, at)
                 await tx.drop_vectors(holder.id)
+            await tx.import_conflict(
+                Conflict(
+                    0,
+                    holder.scope_key,
+                    holder.id,
+                    record.id,
+                    "fold undone",
+                    at,
+                    resolved_at=at,
+                    resolution=KEPT_APART,
+                )
+            )
             return
         holder_id = holder.replaced_by
