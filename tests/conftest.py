@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from helpers import postgres
-from helpers.model import MODEL_ENV, MODEL_NAME, model_path
+from helpers.model import MODEL_ENV, MODEL_NAME, local_model, model_path
 from helpers.processes import Workers
 from helpers.storage import STORAGE_URL_ENV, store_place
 from memory_mcp.config import Settings, StorageSettings
@@ -176,7 +176,7 @@ def env(tmp_path: Path, storage_url: str) -> dict[str, str]:
     return {
         **{k: v for k, v in os.environ.items() if not k.startswith("MEMORY_MCP_")},
         "MEMORY_MCP_DATA_DIR": str(tmp_path / "data"),
-        "MEMORY_MCP_EMBEDDER_MODEL_PATH": os.environ.get("MEMORY_MCP_EMBEDDER_MODEL_PATH", ""),
+        MODEL_ENV: local_model(),  # the processes it starts find the model as the tests do
         "XDG_CACHE_HOME": str(tmp_path / "cache"),
         **({"MEMORY_MCP_STORAGE_URL": storage_url} if storage_url else {}),
     }

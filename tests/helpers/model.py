@@ -16,6 +16,16 @@ MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 SHARED = REPO.parent / "shared"
 
 
+def local_model() -> str:
+    """The model's folder when it is on this machine without a download (the variable,
+    else ``../shared/models/``), for the processes a test starts; "" if it is not."""
+    configured = os.environ.get(MODEL_ENV)
+    if configured:
+        return configured
+    beside = SHARED / "models" / "all-MiniLM-L6-v2-onnx"
+    return str(beside) if (beside / "model.onnx").is_file() else ""
+
+
 @functools.cache
 def model_path() -> Path:
     """The real model's folder, found once per test session.
@@ -30,9 +40,8 @@ def model_path() -> Path:
         if not (Path(configured) / "model.onnx").is_file():
             pytest.exit(f"{MODEL_ENV}={configured} holds no model.onnx; {_MODEL_HINT}", 1)
         return Path(configured)
-    beside = SHARED / "models" / "all-MiniLM-L6-v2-onnx"
-    if (beside / "model.onnx").is_file():
-        return beside
+    if found := local_model():
+        return Path(found)
     try:
         offline = FastEmbedEmbedder(MODEL_NAME).can_download()  # seconds, not fastembed's retries
         if offline:
