@@ -156,10 +156,11 @@ async def test_streamable_http_round_trip(env: dict[str, str], project: Path) ->
         viewer = url.removesuffix("/mcp") + "/ui/"
         async with httpx.AsyncClient() as http:
             page = await http.get(viewer)
-            assert page.status_code == 200 and "1</strong> memories" in page.text
+            assert page.status_code == 200 and "1</strong> memory ·" in page.text
             assert "script-src" not in page.headers["content-security-policy"]
             assert "default-src 'none'" in page.headers["content-security-policy"]
             assert (await http.get(viewer + "conflicts")).status_code == 200
+            assert "This server runs them" in (await http.get(viewer + "maintenance")).text
             refused = await http.post(viewer + "restore", data={"id": "x"})
             assert refused.status_code == 403
 

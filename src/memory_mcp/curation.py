@@ -19,7 +19,7 @@ from memory_mcp.errors import InvalidInput, NotFound
 from memory_mcp.fusion import shown_record
 from memory_mcp.records import CORPORA, CORPUS_OF_KIND, Conflict, Record
 from memory_mcp.scope import GLOBAL_KEY
-from memory_mcp.search import time_bound
+from memory_mcp.search import time_bound, time_window
 from memory_mcp.secret_scan import redact_text
 from memory_mcp.storage.base import Filters, TaskState
 
@@ -80,11 +80,27 @@ async def upkeep(engine: Engine) -> Upkeep:
 
 
 async def project_keys(engine: Engine, key: str) -> tuple[str, ...]:
-    """A scope's key with the earlier keys attached to it (what its searches read)."""
+    """A scope's key with the earlier keys attached to it (what its searches read).
+
+    Raises:
+        NotFound: nothing was ever stored under the key or a key attached to it.
+    """
     if key == GLOBAL_KEY:
         return (GLOBAL_KEY,)
     attached = [a.alias for a in await engine.store.aliases(key) if a.detached_at is None]
-    return (key, *attached)
+    keys = (key, *attached)
+    if not await engine.store.holds(keys):
+        raise NotFound(f"no project {key!r} in this store (the projects page lists them)")
+    return keys
+
+
+async def conflicts_of(engine: Engine, record_ids: Sequence[str]) -> dict[str, int]:
+    """The open conflict each of these records is in (its number), by record id."""
+    found: dict[str, int] = {}
+    for conflict in await engine.store.open_conflicts_of(list(record_ids)):
+        for record_id in (conflict.record_id, conflict.other_id):
+            found.setdefault(record_id, conflict.id)
+    return found
 
 
 async def projects(engine: Engine) -> list[ProjectSummary]:
@@ -148,18 +164,20 @@ async def listing(
     read over every corpus sorted them all (300-440 ms).
 
     Raises:
-        InvalidInput: an unknown kind, or a time that is not one.
+        InvalidInput: an unknown kind, a time that is not one, or ``since`` not
+            before ``until``.
     """
     if kind and kind not in CORPUS_OF_KIND:
         raise InvalidInput(f"unknown kind {kind!r}; use one of: {', '.join(CORPUS_OF_KIND)}")
+    after, up_to = time_window(since.strip(), until.strip())
     base = Filters(
         scope_keys=tuple(keys),
         corpora=CORPORA,
         kinds=(kind,) if kind else (),
         tags=(tag.strip().casefold(),) if tag.strip() else (),
         agents=(agent.strip(),) if agent.strip() else (),
-        since=time_bound(since.strip(), "since"),
-        until=time_bound(until.strip(), "until"),
+        since=after,
+        until=up_to,
         through=time_bound(before.strip(), "before"),
         viewer=engine.user,
     )
@@ -186,18 +204,16 @@ async def readable(engine: Engine, record_id: str) -> Record:
 
 
 async def history(engine: Engine, record: Record) -> History:
-    """The supersede chain through ``record``, both ways, and its open conflicts."""
-    older: list[Record] = []
+    """The supersede chain through ``record``, both ways, and its open conflicts.
+
+    What replaced it is read first, by following ``replaced_by``: after an older
+    value was made current again, the record it replaced still lists it among
+    the values it superseded, and it is the newer value now.
+    """
     seen = {record.id}
-    wanted = list(reversed(record.supersedes))
-    while wanted and len(older) < CHAIN_MOST:
-        found = {r.id: r for r in await engine.store.get_many(wanted)}
-        step = [found[i] for i in wanted if i in found and i not in seen]
-        older.extend(r for r in step if r.visible_to(engine.user))
-        seen.update(r.id for r in step)
-        wanted = [i for r in step for i in reversed(r.supersedes) if i not in seen]
     newer: list[Record] = []
-    following = record.replaced_by
+    # A fold is no step of the chain: the record holding the text is not a newer value.
+    following = None if record.archived_reason == "folded" else record.replaced_by
     while following and following not in seen and len(newer) < CHAIN_MOST:
         seen.add(following)
         later = await engine.store.get(following)
@@ -205,6 +221,14 @@ async def history(engine: Engine, record: Record) -> History:
             break
         newer.append(later)
         following = later.replaced_by
+    older: list[Record] = []
+    wanted = [i for i in reversed(record.supersedes) if i not in seen]
+    while wanted and len(older) < CHAIN_MOST:
+        found = {r.id: r for r in await engine.store.get_many(wanted)}
+        step = [found[i] for i in wanted if i in found and i not in seen]
+        older.extend(r for r in step if r.visible_to(engine.user))
+        seen.update(r.id for r in step)
+        wanted = [i for r in step for i in reversed(r.supersedes) if i not in seen]
     conflicts = await engine.store.open_conflicts_of([record.id])
     return History(
         older=[shown(engine, r) for r in older],

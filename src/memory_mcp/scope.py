@@ -28,6 +28,19 @@ ScopeName = Literal["project", "global"]
 GLOBAL_KEY = ""
 
 
+def project_label(key: str) -> str:
+    """A scope key as people name the project: ``app`` for ``/home/me/app/.git`` and
+    ``/home/me/app`` (a repository or directory by its path), ``global`` for the
+    global scope; a remote (``github.com/org/app``) or a chosen id as it is."""
+    if key == GLOBAL_KEY:
+        return "global"
+    parts = [p for p in key.replace("\\", "/").split("/") if p]
+    by_path = key.startswith(("/", "\\")) or (len(key) > 2 and key[1] == ":")
+    if by_path and parts and parts[-1] == ".git":
+        parts.pop()
+    return parts[-1] if by_path and parts else key
+
+
 @dataclass(frozen=True)
 class Scope:
     """A scope, its key, and the aliases read as that key (earlier keys of a project)."""

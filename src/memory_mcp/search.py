@@ -89,12 +89,7 @@ async def search(
             raise InvalidInput(f"unknown corpus {corpus!r}; use one of: {', '.join(CORPORA)}")
     if kinds:
         corpora = tuple(dict.fromkeys(CORPUS_OF_KIND[k] for k in kinds))
-    after, before = time_bound(since, "since"), time_bound(until, "until")
-    if after is not None and before is not None and after >= before:
-        raise InvalidInput(
-            f"since ({since}) is not before until ({until}): nothing can match; "
-            "swap them or leave one out"
-        )
+    after, before = time_window(since, until)
     filters = Filters(
         viewer=engine.user,
         scope_keys=tuple(keys) if keys is not None else await engine.scope_keys(scope, cwd),
@@ -385,6 +380,23 @@ def _check_limit(limit: int, most: int) -> None:
 
 def _mode(query_vector: Vector | None) -> Literal["hybrid", "lexical"]:
     return "hybrid" if query_vector is not None else "lexical"
+
+
+def time_window(
+    since: datetime | str | None, until: datetime | str | None
+) -> tuple[str | None, str | None]:
+    """``[since, until)`` as stored times compare (None: no bound on that side).
+
+    Raises:
+        InvalidInput: a bound is not a date or time, or ``since`` is not before ``until``.
+    """
+    after, before = time_bound(since, "since"), time_bound(until, "until")
+    if after is not None and before is not None and after >= before:
+        raise InvalidInput(
+            f"since ({since}) is not before until ({until}): nothing can match; "
+            "swap them or leave one out"
+        )
+    return after, before
 
 
 def time_bound(value: datetime | str | None, name: str) -> str | None:

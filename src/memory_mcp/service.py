@@ -502,6 +502,12 @@ class MemoryService:
 
         return await curation.project_keys(self.engine, key)
 
+    async def conflicts_of(self, record_ids: Sequence[str]) -> dict[str, int]:
+        """The open conflict each of these records is in, by id (``curation.conflicts_of``)."""
+        from memory_mcp import curation
+
+        return await curation.conflicts_of(self.engine, record_ids)
+
     async def listing(
         self,
         keys: Sequence[str],

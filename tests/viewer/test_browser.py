@@ -159,6 +159,10 @@ def test_curating_the_memory_in_a_browser(
     shoot(page, tmp_path, "record")
     press(page, "Undo this fold")
     assert "Folded into it" not in page.content()
+    assert "Fold undone" in page.locator("[role=status]").inner_text()
+    # Maintenance's consolidation, which would fold the two, leaves them apart.
+    [swept] = cli(env, project, "maintain", "--task", "consolidate")["tasks"]
+    assert swept["counts"] == {}, swept
     page.goto(f"{url}record/{ids['first']}")
     assert "Archived" not in page.locator("main").inner_text()
 
@@ -180,10 +184,27 @@ def test_curating_the_memory_in_a_browser(
     page.goto(f"{url}brief?key={brief_key.group(1)}")
     assert "tokens" in page.content()
     shoot(page, tmp_path, "brief")
-    page.set_viewport_size({"width": 390, "height": 800})  # a phone
-    page.goto(f"{url}conflicts")
+    # From the keyboard: the skip link first, then every field of the filters in order.
+    page.goto(f"{url}project?key={brief_key.group(1)}")
+    focused: list[str] = []
+    for _ in range(24):
+        page.keyboard.press("Tab")
+        focused.append(
+            page.evaluate("document.activeElement.id || document.activeElement.textContent")
+        )
+    assert focused[0] == "Skip to content"
+    wanted = ["q", "kind", "agent", "tag", "since", "until", "Show"]
+    # (a date field takes a Tab for each of its parts: each field counts once)
+    assert [f for f in dict.fromkeys(focused) if f in wanted] == wanted, focused
+    page.set_viewport_size({"width": 375, "height": 800})  # a phone
+    page.goto(f"{url}project?key={brief_key.group(1)}")
     shoot(page, tmp_path, "narrow")
-    assert page.evaluate("document.documentElement.scrollWidth") <= 400
+    assert page.evaluate("document.documentElement.scrollWidth") <= 375
+    for field in ("q", "kind", "agent", "tag", "since", "until"):  # each label over its field
+        label = page.locator(f"label[for={field}]").bounding_box()
+        box = page.locator(f"#{field}").bounding_box()
+        assert label and box and abs(label["x"] - box["x"]) < 2, field
+        assert 0 <= box["y"] - (label["y"] + label["height"]) < 8, field
     assert page.title() != "ran" and not any("pwned" in m for m in refused)
     context.close()
 

@@ -18,6 +18,7 @@ from memory_mcp.config import ServeSettings
 from memory_mcp.mcp.tokens import Tokens, digest
 from memory_mcp.mcp.transports import transport_security
 from memory_mcp.records import CORPORA
+from memory_mcp.scope import project_label
 from memory_mcp.service import MemoryService
 from memory_mcp.storage.base import Filters
 from memory_mcp.viewer.app import build_app
@@ -94,13 +95,14 @@ async def test_archive_and_restore_change_the_store(
         data={"reason": "we stopped caching", "csrf": csrf},
         headers={"Origin": BASE},
     )
-    assert done.status_code == 303 and done.headers["location"] == f"/record/{stored.id}"
+    assert done.headers["location"] == f"/record/{stored.id}?done=archived"
     assert (await memory.get(stored.id)).archived_reason == "we stopped caching"
+    assert "Archived: it left searches" in (await client.get(done.headers["location"])).text
     assert "Cache the wheels in CI" in (await client.get("/archived")).text
     back = await client.post(
         "/restore", data={"id": stored.id, "csrf": csrf, "back": "//evil.example/"}
     )
-    assert back.status_code == 303 and back.headers["location"] == "/archived"
+    assert back.status_code == 303 and back.headers["location"] == "/archived?done=restored"
     assert (await memory.get(stored.id)).current
 
 
@@ -112,11 +114,15 @@ async def test_undoing_a_fold_brings_the_absorbed_text_back_as_its_own_record(
     assert second.action == "folded"
     page = await client.get(f"/record/{second.id}")
     assert "Undo this fold" in page.text and "Use uv for installs." in page.text
+    absorbed = (await client.get(f"/record/{first.id}")).text
+    assert f'into <a href="/record/{second.id}">' in absorbed
+    assert "Supersede chain" not in absorbed  # a fold is not a newer value
     undone = await client.post(
         "/restore",
         data={"id": first.id, "csrf": form_token(page.text), "back": f"/record/{second.id}"},
     )
-    assert undone.status_code == 303 and undone.headers["location"] == f"/record/{second.id}"
+    assert undone.headers["location"] == f"/record/{second.id}?done=unfolded"
+    assert "Fold undone" in (await client.get(undone.headers["location"])).text
     assert (await memory.get(first.id)).current
     assert (await memory.get(second.id)).merged_from == []
 
@@ -130,10 +136,14 @@ async def test_a_conflict_is_resolved_from_the_inbox(
     inbox = await client.get("/conflicts")
     assert "Run tests with pytest -x" in inbox.text and "Never run tests with -x" in inbox.text
     csrf = form_token(inbox.text)
+    key = await key_of(memory, project)
+    marker = f'href="/conflicts#c{new.conflict_id}" class="badge conflict"'
+    for listed in (f"/project?key={key}", f"/project?key={key}&q=run+tests+pytest"):
+        assert (await client.get(listed)).text.count(marker) == 2, listed  # both sides
     bad = await client.post(f"/conflicts/{new.conflict_id}", data={"keep": "x", "csrf": csrf})
     assert bad.status_code == 400 and "keep must be one of" in bad.text
     done = await client.post(f"/conflicts/{new.conflict_id}", data={"keep": "old", "csrf": csrf})
-    assert done.status_code == 303
+    assert done.headers["location"] == "/conflicts?done=resolved"
     assert (await memory.get(new.id)).archived_reason == f"conflict-{new.conflict_id}"
     assert (await memory.get(old.id)).current
     assert "No open conflicts" in (await client.get("/conflicts")).text
@@ -197,8 +207,12 @@ async def test_an_older_value_is_made_current_again_from_its_chain(
     assert new.action == "superseded"
     page = await client.get(f"/record/{new.id}")
     assert "Supersede chain" in page.text and "version is 15." in page.text
+    assert "replaced, written" in page.text and page.text.count("Make this current again") == 1
     done = await client.post(f"/record/{old.id}/reinstate", data={"csrf": form_token(page.text)})
-    assert done.status_code == 303 and done.headers["location"] == f"/record/{old.id}"
+    assert done.headers["location"] == f"/record/{old.id}?done=reinstated"
+    # The chain is told by what replaced what, not by when each was written.
+    later = (await client.get(f"/record/{new.id}")).text
+    assert "the current value, written" in later and "a later value" not in later
     back, replaced = await memory.get(old.id), await memory.get(new.id)
     assert back.current and back.supersedes == [new.id]
     assert replaced.replaced_by == old.id and replaced.archived_at is None
@@ -257,8 +271,8 @@ async def test_the_projects_page_counts_what_was_written_since_it_was_last_shown
     client: httpx.AsyncClient, memory: MemoryService, project: Path
 ) -> None:
     await memory.store("The API listens on port 8080", cwd=project)
-    assert "1</strong> memories" in (await client.get("/")).text
-    assert "1</strong> memories" in (await client.get("/")).text  # kept while nothing changed
+    assert "1</strong> memory ·" in (await client.get("/")).text
+    assert "1</strong> memory ·" in (await client.get("/")).text  # kept while nothing changed
     await memory.store("Releases are tagged by the release job", cwd=project)
     assert "2</strong> memories" in (await client.get("/")).text
 
@@ -385,13 +399,42 @@ async def test_the_global_scope_has_its_own_archive_and_no_brief_of_its_own(
 async def test_a_bad_kind_or_time_is_a_sentence_saying_what_to_change(
     client: httpx.AsyncClient, memory: MemoryService, project: Path
 ) -> None:
+    stored = await memory.store("Deploys need the VPN", cwd=project, agent="codex")
     key = await key_of(memory, project)
     for query, said in [
         ("kind=bogus", "unknown kind 'bogus'"),
         ("kind=bogus&q=deploys", "unknown kind 'bogus'"),
         ("since=notadate", "since must be"),
         ("until=notadate&q=deploys", "until must be"),
+        ("since=2026-03-02&until=2026-03-01&agent=codex", "since (2026-03-02) is after until"),
+        ("since=2026-03-02T10:00&until=2026-03-02T09:00", "is not before until"),
     ]:
         page = await client.get(f"/project?key={key}&{query}")
         assert page.status_code == 400, query
-        assert said in page.text.replace("&#39;", "'"), query
+        text = page.text.replace("&#39;", "'")
+        assert said in text and 'role="alert"' in text, query
+        assert 'value="codex"' in text or "agent=" not in query, query  # the filters stay
+    missing = await client.get("/project?key=/nowhere/.git")
+    assert missing.status_code == 404 and "no project '/nowhere/.git'" in missing.text.replace(
+        "&#39;", "'"
+    )
+    # A date picked as "until" takes in that whole day.
+    today = (await memory.get(stored.id)).created_at[:10]
+    listed = await client.get(f"/project?key={key}&since={today}&until={today}")
+    assert listed.status_code == 200 and "Deploys need the VPN" in listed.text
+
+
+async def test_pages_name_projects_times_and_who_runs_maintenance_plainly(
+    client: httpx.AsyncClient, memory: MemoryService, project: Path
+) -> None:
+    stored = await memory.store("The API listens on port 8080", cwd=project)
+    key = await key_of(memory, project)
+    front = (await client.get("/")).text
+    assert f">{project_label(key)}</a></h2>" in front
+    record = (await client.get(f"/record/{stored.id}")).text
+    assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC", record)
+    assert not re.search(r">[^<]*\d\d:\d\d:\d\d\.\d+", record)  # no raw stored times
+    maintenance = (await client.get("/maintenance")).text
+    assert "This viewer runs no task" in maintenance
+    icon = await client.get("/favicon.ico")
+    assert icon.status_code == 200 and icon.headers["content-type"] == "image/svg+xml"

@@ -78,7 +78,7 @@ def store(
     what = {
         "inserted": "stored",
         "appended": "appended to the journal",
-        "folded": "folded into an existing memory",
+        "folded": "stored; an existing memory said the same and is folded into it",
         "superseded": "stored; it supersedes an older memory",
         "conflict": "stored; it CONTRADICTS an existing memory (conflict recorded)",
         "replaced": f"stored; it replaces the previous {result.kind}",

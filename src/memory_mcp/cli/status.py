@@ -101,16 +101,10 @@ def _print_tasks(info: Status) -> None:
         if state is None or state.last_finished_at is None:
             rows.append([name, "never", "", ""])
             continue
-        summary = state.last_summary
         if state.last_error:
             result = f"failed ({state.failures}x): {short(state.last_error, 60)}"
-        elif summary.get("skipped"):
-            result = f"skipped: {short(str(summary['skipped']), 60)}"
         else:
-            counts = summary.get("counts", {})
-            result = ", ".join(f"{n} {what}" for what, n in counts.items() if n) or "nothing to do"
-            if summary.get("pending"):
-                result += f"; {summary['pending']} left"
+            result = short(state.outcome, 80)
         later = f"retry after {state.retry_after}" if state.retry_after else ""
         if state.holder and state.lease_until and state.lease_until > format_time(now):
             later = f"running ({state.holder})"

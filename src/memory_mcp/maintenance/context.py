@@ -19,7 +19,7 @@ from memory_mcp.errors import EmbedderError
 from memory_mcp.llm import LLM, LLMError
 from memory_mcp.records import format_time
 from memory_mcp.secret_scan import redact
-from memory_mcp.storage.base import Position
+from memory_mcp.storage.base import Position, summary_words
 from memory_mcp.write import clean_text
 
 log = logging.getLogger(__name__)
@@ -47,12 +47,7 @@ class TaskReport:
         }
 
     def describe(self) -> str:
-        if self.skipped:
-            return f"skipped: {self.skipped}"
-        if self.error:
-            return f"failed: {self.error}"
-        done = ", ".join(f"{n} {what}" for what, n in self.counts.items() if n) or "nothing to do"
-        return done + (f"; {self.pending} left" if self.pending else "")
+        return summary_words(self.to_json())
 
 
 class LeaseLost(RuntimeError):

@@ -297,7 +297,13 @@ async def _serve_http(
     tokens = Tokens(settings.token, tokens_path(settings) if settings.tokens_file else None)
     mcp: ASGIApp = BearerAuth(app, tokens) if tokens.required else app
     # The viewer's pages under /ui: signed in by a cookie (a browser sends no bearer token).
-    viewer = build_app(memory, tokens=tokens, security=security, prefix=VIEWER_PATH)
+    viewer = build_app(
+        memory,
+        tokens=tokens,
+        security=security,
+        prefix=VIEWER_PATH,
+        runs_tasks=memory.settings.maintenance.enabled,
+    )
     asgi = _Paths(mcp, viewer)
     url = f"{base_url(settings)}{PATHS[transport]}"
     line = f"serving MCP over {transport} at {url} ({memory.location}); viewer at "

@@ -130,6 +130,23 @@ class TaskState:
     retry_after: str | None = None
     cursor: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def outcome(self) -> str:
+        """What its last run did, in words (``summary_words`` of its summary)."""
+        return summary_words(self.last_summary)
+
+
+def summary_words(summary: dict[str, Any]) -> str:
+    """A task run's summary (``TaskReport.to_json``) in words: "3 folded; 12 left",
+    "skipped: why", "failed: why" or "nothing to do"."""
+    if summary.get("skipped"):
+        return f"skipped: {summary['skipped']}"
+    if summary.get("error"):
+        return f"failed: {summary['error']}"
+    counts = summary.get("counts") or {}
+    done = ", ".join(f"{n} {what}" for what, n in counts.items() if n) or "nothing to do"
+    return done + (f"; {summary['pending']} left" if summary.get("pending") else "")
+
 
 @dataclass(frozen=True)
 class ScopeAlias:
@@ -330,6 +347,11 @@ class RecordReads(Protocol):
 
     async def scope_keys(self) -> list[str]:
         """Every scope key that has current records."""
+        ...
+
+    async def holds(self, scope_keys: Sequence[str]) -> bool:
+        """Whether any record, current or not, is stored under one of these keys (one
+        index probe each, where ``scope_keys`` reads every record)."""
         ...
 
     async def project_activity(self) -> dict[str, str]:

@@ -12,6 +12,8 @@ import contextlib
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from datetime import date, timedelta
+from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
@@ -30,7 +32,7 @@ from memory_mcp.agents.inject import AGENTS, injected, prompt_file
 from memory_mcp.errors import InvalidInput, MemoryMcpError, NotFound
 from memory_mcp.mcp.tokens import CALLER_KEY, Caller, Tokens
 from memory_mcp.records import CORPORA, CORPUS_OF_KIND, Record
-from memory_mcp.scope import GLOBAL_KEY
+from memory_mcp.scope import GLOBAL_KEY, project_label
 from memory_mcp.service import MemoryService
 
 if TYPE_CHECKING:
@@ -40,6 +42,7 @@ from memory_mcp.viewer.charts import month_bars
 from memory_mcp.viewer.guard import (
     COOKIE,
     CSRF_FIELD,
+    ICON,
     SESSION_KEY,
     SIGN_IN,
     STARTED_KEY,
@@ -51,6 +54,17 @@ from memory_mcp.viewer.guard import ASGIApp as GuardedApp
 PAGE = 50  # records a page lists
 HITS = 50  # search hits a page shows
 KEEPS = ("new", "old", "both", "merged")
+# What a page says after a change (``?done=``): fixed sentences, never text from the URL.
+NOTICES = {
+    "archived": "Archived: it left searches and the brief; Restore brings it back until the purge.",
+    "restored": "Restored: it is current again.",
+    "unfolded": (
+        "Fold undone: the text is its own memory again, and maintenance will not fold "
+        "the two together again."
+    ),
+    "reinstated": "This is the current value again; the value that replaced it is its history.",
+    "resolved": "Conflict resolved.",
+}
 
 
 @dataclass
@@ -62,6 +76,7 @@ class Viewer:
     tokens: Tokens
     prefix: str
     root: Path | None  # the directory `ui` was started in: its project's files
+    runs_tasks: bool  # whether this process runs maintenance (`serve` with it enabled)
 
     def __post_init__(self) -> None:
         self.templates = Environment(
@@ -70,6 +85,7 @@ class Viewer:
             trim_blocks=True,
             lstrip_blocks=True,
         )
+        self.templates.filters["when"] = when
 
     @contextlib.contextmanager
     def acting(self, request: Request) -> Iterator[None]:
@@ -96,15 +112,23 @@ class Viewer:
             csrf_field=CSRF_FIELD,
             signed_in=self.tokens.required,
             version=__version__,
-            scope_name=scope_name,
+            scope_name=project_label,
+            notice=NOTICES.get(request.query_params.get("done", "")),
             elapsed=lambda: f"{(time.perf_counter() - started) * 1000:.0f} ms",
             **values,
         )
         return HTMLResponse(html, status_code=code)
 
 
-def scope_name(key: str) -> str:
-    return "global" if key == GLOBAL_KEY else key
+def when(stored: str | None, empty: str = "") -> str:
+    """A stored time (ISO 8601, UTC, to the microsecond) as a page shows it:
+    ``2026-01-05 09:00 UTC``."""
+    return f"{stored[:16].replace('T', ' ')} UTC" if stored else empty
+
+
+def done(target: str, what: str) -> str:
+    """``target`` (a local URL) with the notice of ``what`` was done (``NOTICES``)."""
+    return f"{target}{'&' if '?' in target else '?'}done={what}"
 
 
 def build_app(
@@ -114,12 +138,15 @@ def build_app(
     security: TransportSecuritySettings,
     prefix: str = "",
     root: Path | None = None,
+    runs_tasks: bool = False,
 ) -> GuardedApp:
-    """The viewer as an ASGI app, serving under ``prefix`` ("" or "/ui")."""
-    viewer = Viewer(memory, Sessions(), tokens, prefix, root)
+    """The viewer as an ASGI app, serving under ``prefix`` ("" or "/ui"); ``runs_tasks``
+    says whether the process serving it runs maintenance (the page says who does)."""
+    viewer = Viewer(memory, Sessions(), tokens, prefix, root, runs_tasks)
     pages = Pages(viewer)
     routes = [
         Route("/", pages.projects),
+        Route(ICON, pages.favicon),
         Route(SIGN_IN, pages.sign_in, methods=["GET", "POST"]),
         Route("/sign-out", pages.sign_out, methods=["POST"]),
         Route("/project", pages.project),
@@ -204,43 +231,16 @@ class Pages:
         kind, agent, tag = query.get("kind", ""), query.get("agent", ""), query.get("tag", "")
         since, until = query.get("since", ""), query.get("until", "")
         before, seen = query.get("before", ""), query.getlist("seen")
-        with self.v.acting(request):
-            keys = await self.memory.project_keys(key)
-            hits: list[Any] = []
-            records: list[Record] = []
-            mode: str = ""
-            warnings: list[str] = []
-            if text:
-                result = await self.memory.search(
-                    text,
-                    keys=keys,
-                    corpora=CORPORA,  # a kind names its corpus (``search.search`` checks it)
-                    kinds=(kind,) if kind else (),
-                    tags=(tag,) if tag else (),
-                    agents=(agent,) if agent else (),
-                    since=since or None,
-                    until=until or None,
-                    limit=HITS,
-                    max_limit=HITS,
-                    count_access=False,
-                )
-                hits = result.hits
-                mode, warnings = result.mode, result.warnings
-            else:
-                records = await self.memory.listing(
-                    keys,
-                    kind=kind,
-                    agent=agent,
-                    tag=tag,
-                    since=since,
-                    until=until,
-                    limit=PAGE + 1,
-                    before=before,
-                    seen=seen,
-                )
-        more, records = len(records) > PAGE, records[:PAGE]
         shown = {"key": key, "q": text, "kind": kind, "agent": agent, "tag": tag}
         shown |= {"since": since, "until": until}
+        with self.v.acting(request):
+            keys = await self.memory.project_keys(key)
+            try:
+                hits, records, mode, warnings = await self._find(keys, shown, before, seen)
+            except InvalidInput as exc:  # the page again, its filters kept, saying what to fix
+                return self._project_page(request, shown, keys, error=str(exc))
+            marked = await self.memory.conflicts_of([r.id for r in records])
+        more, records = len(records) > PAGE, records[:PAGE]
         next_url = ""
         if more:  # the next page starts after the last record shown (``curation.listing``)
             last = records[-1].created_at
@@ -248,21 +248,73 @@ class Pages:
             if last == before:  # a run of records written at one time spans pages
                 at_last = [*seen, *at_last]
             next_url = self.v.url("/project", **shown, before=last, seen=at_last)
-        return self.v.render(
+        return self._project_page(
             request,
-            "project.html",
-            key=key,
-            keys=keys,
-            asked=shown,
-            kinds=list(CORPUS_OF_KIND),
+            shown,
+            keys,
             hits=hits,
             records=records,
+            conflicts=marked,
             paged=bool(before),
             mode=mode,
             warnings=warnings,
             next_url=next_url,
             first_url=self.v.url("/project", **shown) if before else "",
         )
+
+    def _project_page(
+        self, request: Request, shown: dict[str, str], keys: tuple[str, ...], **values: Any
+    ) -> Response:
+        error = values.get("error")
+        return self.v.render(
+            request,
+            "project.html",
+            code=400 if error else 200,
+            key=shown["key"],
+            keys=keys,
+            asked=shown,
+            kinds=list(CORPUS_OF_KIND),
+            **({"hits": [], "records": [], "conflicts": {}} | values),
+        )
+
+    async def _find(
+        self, keys: tuple[str, ...], shown: dict[str, str], before: str, seen: list[str]
+    ) -> tuple[list[Any], list[Record], str, list[str]]:
+        """The hits of a search, or a page of the listing (one more than shown: is
+        there a next page); the search's mode and warnings."""
+        text, kind, agent, tag = shown["q"], shown["kind"], shown["agent"], shown["tag"]
+        since, until = shown["since"], _through_day(shown["since"], shown["until"])
+        if text:
+            result = await self.memory.search(
+                text,
+                keys=keys,
+                corpora=CORPORA,  # a kind names its corpus (``search.search`` checks it)
+                kinds=(kind,) if kind else (),
+                tags=(tag,) if tag else (),
+                agents=(agent,) if agent else (),
+                since=since or None,
+                until=until or None,
+                limit=HITS,
+                max_limit=HITS,
+                count_access=False,
+            )
+            return result.hits, [], result.mode, result.warnings
+        records = await self.memory.listing(
+            keys,
+            kind=kind,
+            agent=agent,
+            tag=tag,
+            since=since,
+            until=until,
+            limit=PAGE + 1,
+            before=before,
+            seen=seen,
+        )
+        return [], records, "", []
+
+    async def favicon(self, request: Request) -> Response:
+        icon = resources.files("memory_mcp.viewer").joinpath("static/favicon.svg")
+        return Response(icon.read_bytes(), media_type="image/svg+xml")
 
     async def record(self, request: Request) -> Response:
         with self.v.acting(request):
@@ -276,23 +328,23 @@ class Pages:
         with self.v.acting(request):
             await self.memory.readable(record_id)
             await self.memory.forget(record_id, reason=_text(form, "reason") or "archived")
-        return RedirectResponse(self.v.url(f"/record/{record_id}"), status_code=303)
+        return RedirectResponse(done(self.v.url(f"/record/{record_id}"), "archived"), 303)
 
     async def reinstate(self, request: Request) -> Response:
         record_id = request.path_params["record_id"]
         with self.v.acting(request):
             await self.memory.reinstate(record_id)
-        return RedirectResponse(self.v.url(f"/record/{record_id}"), status_code=303)
+        return RedirectResponse(done(self.v.url(f"/record/{record_id}"), "reinstated"), 303)
 
     async def restore(self, request: Request) -> Response:
         form = await request.form()
         ids = [str(i) for i in form.getlist("id") if str(i).strip()]
         with self.v.acting(request):
-            for record_id in ids:
-                await self.memory.readable(record_id)
+            reasons = {(await self.memory.readable(i)).archived_reason for i in ids}
             await self.memory.restore(ids)
         back = _text(form, "back")
-        return RedirectResponse(back if _local(back) else self.v.url("/archived"), status_code=303)
+        what = "unfolded" if reasons == {"folded"} else "restored"
+        return RedirectResponse(done(back if _local(back) else self.v.url("/archived"), what), 303)
 
     async def conflicts(self, request: Request) -> Response:
         with self.v.acting(request):
@@ -319,7 +371,7 @@ class Pages:
                 keep,  # type: ignore[arg-type]
                 _text(form, "text") or None,
             )
-        return RedirectResponse(self.v.url("/conflicts"), status_code=303)
+        return RedirectResponse(done(self.v.url("/conflicts"), "resolved"), 303)
 
     async def archived(self, request: Request) -> Response:
         key = request.query_params.get("key")
@@ -376,7 +428,35 @@ class Pages:
 
     async def maintenance(self, request: Request) -> Response:
         status = await self.memory.upkeep()
-        return self.v.render(request, "maintenance.html", status=status)
+        return self.v.render(
+            request, "maintenance.html", status=status, runs_tasks=self.v.runs_tasks
+        )
+
+
+def _through_day(since: str, until: str) -> str:
+    """The form's ``until`` as the end of the window: a date (what the form's field
+    gives) counts as a whole day, up to where the next day begins; a time stays as it is
+    (``search`` checks it).
+
+    Raises:
+        InvalidInput: the ``since`` date comes after the ``until`` date.
+    """
+    last, first = _date(until), _date(since)
+    if last is None:
+        return until
+    if first is not None and first > last:
+        raise InvalidInput(
+            f"since ({since}) is after until ({until}): nothing can match; "
+            "swap them or leave one out"
+        )
+    return (last + timedelta(days=1)).isoformat()
+
+
+def _date(value: str) -> date | None:
+    try:
+        return date.fromisoformat(value.strip())
+    except ValueError:
+        return None
 
 
 def _count(value: str, name: str) -> int:

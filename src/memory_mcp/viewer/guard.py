@@ -55,6 +55,7 @@ HEADERS = [
 SAFE_METHODS = frozenset({"GET", "HEAD"})
 SIGN_IN = "/sign-in"  # the one page (and POST) open without a token
 STATIC = "/static/"  # the stylesheet: cached (its URL names the version), the pages never
+ICON = "/favicon.ico"  # where browsers look for the icon (served as the static SVG)
 _FORM_MOST = 1 << 20  # bytes of a form body read to find its token
 
 
@@ -126,14 +127,14 @@ class Guard:
         headers = _headers(scope)
 
         path = scope.get("path", "")
-        static = path.startswith(self.prefix + STATIC)
+        static = path.startswith(self.prefix + STATIC) or path == self.prefix + ICON
 
         async def secured(message: MutableMapping[str, Any]) -> None:
             if message["type"] == "http.response.start":
                 kept = [
                     (k, v) for k, v in message.get("headers", []) if k.lower() != b"cache-control"
                 ]
-                stored = static and message.get("status") == 200  # the stylesheet only
+                stored = static and message.get("status") == 200  # the stylesheet and icon
                 cache = b"public, max-age=86400, immutable" if stored else b"no-store"
                 message["headers"] = [*kept, *HEADERS, (b"cache-control", cache)]
             await send(message)

@@ -135,6 +135,12 @@ class UpkeepReads(Queries):
         )
         return [str(row[0]) for row in rows]
 
+    async def holds(self, scope_keys: Sequence[str]) -> bool:
+        rows = await self.fetch(
+            "SELECT 1 FROM records WHERE scope_key = ANY(%s) LIMIT 1", [list(scope_keys)]
+        )
+        return bool(rows)
+
     async def after(
         self,
         corpora: Sequence[str],

@@ -148,6 +148,12 @@ class UpkeepReads:
         )
         return [str(row[0]) for row in rows]
 
+    async def holds(self, scope_keys: Sequence[str]) -> bool:
+        for key in scope_keys:
+            if await self.reads.fetch("SELECT 1 FROM records WHERE scope_key = ? LIMIT 1", [key]):
+                return True
+        return False
+
     async def after(
         self,
         corpora: Sequence[str],
