@@ -342,15 +342,21 @@ async def test_conflicts_resolve_each_way(memory: MemoryService, project: Path) 
     closed, _ = await memory.resolve_conflict(cid, "old")
     assert (await memory.get(new_id)).archived_reason == f"conflict-{cid}"
     assert (await memory.get(old_id)).current
+    # Restored, the set-aside side contradicts the kept one again: the conflict is open.
+    await memory.restore([new_id])
+    assert [v.conflict.id for v in await memory.conflicts()] == [cid]
+    closed, _ = await memory.resolve_conflict(cid, "old")
+    assert closed.resolution == "kept old"
 
     cid, old_id, new_id = await conflict("Cache the wheels in CI", "Do not cache the wheels in CI")
     with pytest.raises(InvalidInput, match="--text"):
         await memory.resolve_conflict(cid, "merged")
     closed, merged = await memory.resolve_conflict(
-        cid, "merged", "Cache the wheels in CI except on release builds"
+        cid, "merged", "Cache the wheels in CI except on release builds", agent="viewer"
     )
     assert merged is not None and closed.resolution == f"merged into {merged.id}"
     current = await memory.get(merged.id)
+    assert current.agent == "viewer"
     assert current.embedder and current.supersedes == [old_id, new_id]
     for replaced in (old_id, new_id):
         assert (await memory.get(replaced)).replaced_by == merged.id

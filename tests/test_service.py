@@ -217,6 +217,14 @@ async def test_time_filters_use_the_creation_time(memory: MemoryService, project
     until = (await memory.search("release", cwd=project, until=old_time + timedelta(days=1))).hits
     assert [h.record.id for h in since] == [new.id]
     assert [h.record.id for h in until] == [old.id]
+    # A date as until takes in that whole day; a time as until stays exclusive.
+    day = (await memory.search("release", cwd=project, until="2025-01-10")).hits
+    assert [h.record.id for h in day] == [old.id]
+    same = await memory.search("release", cwd=project, since="2025-01-10", until="2025-01-10")
+    assert [h.record.id for h in same.hits] == [old.id]
+    assert not (await memory.search("release", cwd=project, until="2025-01-10T00:00Z")).hits
+    with pytest.raises(InvalidInput, match="is not before until"):
+        await memory.search("release", cwd=project, since="2025-01-11", until="2025-01-10")
     with pytest.raises(InvalidInput, match="ISO-8601"):
         await memory.search("release", cwd=project, since="last tuesday")
 

@@ -8,6 +8,7 @@ after it was archived).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from memory_mcp.records import Record, format_time, without_surrogates
 from memory_mcp.write import clean_text
 
 _BATCH = 200  # records per transaction
+_CONFLICT_REASON = re.compile(r"conflict-(\d+)")  # archived by resolving conflict #n
 
 
 async def forget(
@@ -68,8 +70,10 @@ async def restore(engine: Engine, record_ids: Sequence[str]) -> list[Record]:
 
     All or nothing: an unknown id, or one that is not archived, fails the call
     before anything changes. A record a fold had absorbed leaves the record that
-    holds it. Vectors are made again at once when the embedder is ready (else
-    re-embedding catches up).
+    holds it (and the two are kept apart from consolidation). A record a
+    conflict's resolution archived (``conflict-<id>``) opens that conflict again
+    while the record it contradicts is current. Vectors are made again at once
+    when the embedder is ready (else re-embedding catches up).
 
     Raises:
         NotFound: no record has one of the ids (or it was purged).
@@ -89,6 +93,9 @@ async def restore(engine: Engine, record_ids: Sequence[str]) -> list[Record]:
                 raise InvalidInput(f"record {record_id} is not archived")
             found[record_id] = record
         restored = [r for r in [await tx.restore(i, at) for i in ids] if r is not None]
+        for record in found.values():
+            if by_conflict := _CONFLICT_REASON.fullmatch(record.archived_reason or ""):
+                await tx.reopen_conflict(int(by_conflict.group(1)), record.id)
     holders = [r.replaced_by for r in found.values() if r.replaced_by]
     await engine.embed_stored([*ids, *holders])
     return await engine.store.get_many([r.id for r in restored])

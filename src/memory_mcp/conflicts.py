@@ -55,9 +55,10 @@ Keep = Literal["new", "old", "both", "merged"]
 
 
 async def resolve_conflict(
-    engine: Engine, conflict_id: int, keep: Keep, text: str | None = None
+    engine: Engine, conflict_id: int, keep: Keep, text: str | None = None, *, agent: str = "cli"
 ) -> tuple[Conflict, Record | None]:
-    """Close a conflict: keep the newer record, the older, both, or a merged text.
+    """Close a conflict: keep the newer record, the older, both, or a merged text (written
+    by ``agent``: the CLI, the viewer).
 
     - ``new``: the older record becomes history of the newer (as a supersede);
     - ``old``: the newer record is archived (reason ``conflict-<id>``; restorable);
@@ -113,7 +114,7 @@ async def resolve_conflict(
                 (x for x in (new.importance, old.importance) if x is not None), default=None
             ),
             tags=list(dict.fromkeys([*old.tags, *new.tags])),
-            agent="cli",
+            agent=agent,
             at=engine.clock(),
             settings=engine.settings.write,
             user=engine.user,

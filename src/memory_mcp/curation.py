@@ -68,14 +68,18 @@ class Upkeep:
 
 
 async def upkeep(engine: Engine) -> Upkeep:
+    """The maintenance page's figures; every task, those that never ran too."""
+    from memory_mcp.maintenance.runner import TASKS
+
     store = engine.store
+    ran = await store.tasks()
     return Upkeep(
         backend=store.backend,
         database=store.location,
         embedder=engine.embeddings.status(),
         awaiting_embedding=await store.count_needing_embedding(engine.embeddings.identity),
         open_conflicts=len(await open_conflicts(engine)),
-        tasks=await store.tasks(),
+        tasks={name: ran.get(name, TaskState(name)) for name in dict.fromkeys([*TASKS, *ran])},
     )
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import date, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
@@ -385,18 +385,31 @@ def _mode(query_vector: Vector | None) -> Literal["hybrid", "lexical"]:
 def time_window(
     since: datetime | str | None, until: datetime | str | None
 ) -> tuple[str | None, str | None]:
-    """``[since, until)`` as stored times compare (None: no bound on that side).
+    """``[since, until)`` as stored times compare (None: no bound on that side). An
+    ``until`` that is a date takes in that whole day (the window ends where the next
+    day begins, UTC): "until 2026-01-31" means through the 31st, as people say it.
 
     Raises:
         InvalidInput: a bound is not a date or time, or ``since`` is not before ``until``.
     """
     after, before = time_bound(since, "since"), time_bound(until, "until")
+    if before is not None and isinstance(until, str) and _is_date(until):
+        before = format_time(parse_time(before) + timedelta(days=1))
     if after is not None and before is not None and after >= before:
         raise InvalidInput(
             f"since ({since}) is not before until ({until}): nothing can match; "
             "swap them or leave one out"
         )
     return after, before
+
+
+def _is_date(value: str) -> bool:
+    """Whether ``value`` names a day (``2026-01-31``), not a time."""
+    try:
+        date.fromisoformat(value.strip())
+    except ValueError:
+        return False
+    return True
 
 
 def time_bound(value: datetime | str | None, name: str) -> str | None:

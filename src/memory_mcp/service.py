@@ -464,12 +464,12 @@ class MemoryService:
         return await open_conflicts(self.engine)
 
     async def resolve_conflict(
-        self, conflict_id: int, keep: Keep, text: str | None = None
+        self, conflict_id: int, keep: Keep, text: str | None = None, *, agent: str = "cli"
     ) -> tuple[Conflict, Record | None]:
         """Close a conflict (``conflicts.resolve_conflict``)."""
         from memory_mcp.conflicts import resolve_conflict
 
-        return await resolve_conflict(self.engine, conflict_id, keep, text)
+        return await resolve_conflict(self.engine, conflict_id, keep, text, agent=agent)
 
     # What the viewer shows (``curation``) -----------------------------------------------
 

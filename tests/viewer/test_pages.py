@@ -10,6 +10,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -97,7 +98,7 @@ async def test_archive_and_restore_change_the_store(
     )
     assert done.headers["location"] == f"/record/{stored.id}?done=archived"
     assert (await memory.get(stored.id)).archived_reason == "we stopped caching"
-    assert "Archived: it left searches" in (await client.get(done.headers["location"])).text
+    assert "Archived: Restore brings it back" in (await client.get(done.headers["location"])).text
     assert "Cache the wheels in CI" in (await client.get("/archived")).text
     back = await client.post(
         "/restore", data={"id": stored.id, "csrf": csrf, "back": "//evil.example/"}
@@ -142,11 +143,30 @@ async def test_a_conflict_is_resolved_from_the_inbox(
         assert (await client.get(listed)).text.count(marker) == 2, listed  # both sides
     bad = await client.post(f"/conflicts/{new.conflict_id}", data={"keep": "x", "csrf": csrf})
     assert bad.status_code == 400 and "keep must be one of" in bad.text
+    empty = await client.post(
+        f"/conflicts/{new.conflict_id}", data={"keep": "merged", "text": "  ", "csrf": csrf}
+    )
+    assert empty.status_code == 400 and "write the text that replaces both" in empty.text
+    assert "Never run tests with -x" in empty.text  # the inbox, not a bare error page
     done = await client.post(f"/conflicts/{new.conflict_id}", data={"keep": "old", "csrf": csrf})
-    assert done.headers["location"] == "/conflicts?done=resolved"
+    assert done.headers["location"] == f"/conflicts?done=resolved-old&n={new.conflict_id}"
+    told = (await client.get(done.headers["location"])).text
+    assert f"Conflict #{new.conflict_id} resolved: the older memory is kept" in told
     assert (await memory.get(new.id)).archived_reason == f"conflict-{new.conflict_id}"
     assert (await memory.get(old.id)).current
     assert "No open conflicts" in (await client.get("/conflicts")).text
+    set_aside = (await client.get(f"/record/{new.id}")).text
+    assert f"set aside when conflict #{new.conflict_id} was resolved" in set_aside
+    # Restoring the side set aside brings the contradiction, and the conflict, back.
+    again = await client.post(
+        "/restore", data={"id": new.id, "csrf": csrf, "back": f"/record/{new.id}"}
+    )
+    assert again.headers["location"].endswith(f"done=reopened&n={new.conflict_id}")
+    assert (
+        f"conflict #{new.conflict_id} is open again"
+        in (await client.get(again.headers["location"])).text
+    )
+    assert "Never run tests with -x" in (await client.get("/conflicts")).text
 
 
 async def test_requests_from_elsewhere_are_refused_and_change_nothing(
@@ -182,9 +202,19 @@ async def test_with_tokens_a_browser_signs_in_and_sees_only_what_its_user_may(
     async with httpx.AsyncClient(transport=transport, base_url=BASE) as bob:
         first = await bob.get("/")
         assert first.status_code == 303 and first.headers["location"] == "/sign-in"
+        deep = await bob.get(f"/record/{shared.id}")  # signed in, back to the page asked for
+        assert deep.headers["location"] == f"/sign-in?next=%2Frecord%2F{shared.id}"
+        form = await bob.get(deep.headers["location"])
+        assert f'action="/sign-in?next=%2Frecord%2F{shared.id}"' in form.text
+        elsewhere = await bob.post(
+            "/sign-in?next=//evil.example/", data={"token": "bob-token-0123456789ab"}
+        )
+        assert elsewhere.headers["location"] == "/"
         assert (await bob.post("/sign-in", data={"token": "wrong"})).status_code == 401
-        signed = await bob.post("/sign-in", data={"token": "bob-token-0123456789ab"})
-        assert signed.status_code == 303
+        signed = await bob.post(
+            f"/sign-in?next=%2Frecord%2F{shared.id}", data={"token": "bob-token-0123456789ab"}
+        )
+        assert signed.status_code == 303 and signed.headers["location"] == f"/record/{shared.id}"
         assert "httponly" in signed.headers["set-cookie"].lower()
         assert "samesite=strict" in signed.headers["set-cookie"].lower()
         key = await key_of(memory, project)
@@ -403,10 +433,11 @@ async def test_a_bad_kind_or_time_is_a_sentence_saying_what_to_change(
     key = await key_of(memory, project)
     for query, said in [
         ("kind=bogus", "unknown kind 'bogus'"),
+        ("kind=bogus&agent=codex", '<option value="bogus" selected>bogus (unknown)</option>'),
         ("kind=bogus&q=deploys", "unknown kind 'bogus'"),
         ("since=notadate", "since must be"),
         ("until=notadate&q=deploys", "until must be"),
-        ("since=2026-03-02&until=2026-03-01&agent=codex", "since (2026-03-02) is after until"),
+        ("since=2026-03-02&until=2026-03-01&agent=codex", "since (2026-03-02) is not before until"),
         ("since=2026-03-02T10:00&until=2026-03-02T09:00", "is not before until"),
     ]:
         page = await client.get(f"/project?key={key}&{query}")
@@ -438,3 +469,26 @@ async def test_pages_name_projects_times_and_who_runs_maintenance_plainly(
     assert "This viewer runs no task" in maintenance
     icon = await client.get("/favicon.ico")
     assert icon.status_code == 200 and icon.headers["content-type"] == "image/svg+xml"
+
+
+async def test_a_projects_search_reads_the_global_scope_as_an_agents_does(
+    client: httpx.AsyncClient,
+    memory: MemoryService,
+    project: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    await memory.store("Deploys go through the release job", cwd=project, tags=["ci"])
+    await memory.store("The user prefers tabs over spaces in every repository", scope="global")
+    key = await key_of(memory, project)
+    found = (await client.get(f"/project?key={key}&q=tabs+spaces")).text
+    assert "prefers tabs over spaces" in found and "· <strong>global</strong>" in found
+    assert "prefers tabs" not in (await client.get(f"/project?key={key}")).text  # its own list
+    tagged = (await client.get(f"/project?key={key}&tag=%23ci")).text  # as pages show tags
+    assert (
+        "release job" in tagged
+        and f'href="/project?key={quote(key, safe="")}&amp;tag=ci"' in tagged
+    )
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no CLI set up for this user
+    brief = (await client.get(f"/brief?key={key}")).text
+    assert brief.count("not delivered in this project yet") == 3

@@ -102,7 +102,10 @@ def search(
     ] = None,
     tag: Annotated[list[str] | None, typer.Option("--tag", "-t", help="Any of these tags.")] = None,
     since: Annotated[str | None, typer.Option(help="Written at or after (ISO date).")] = None,
-    until: Annotated[str | None, typer.Option(help="Written before (ISO date).")] = None,
+    until: Annotated[
+        str | None,
+        typer.Option(help="Written on or before this date (the whole day), or before a time."),
+    ] = None,
     limit: Annotated[int, typer.Option("--limit", "-n", help="How many (1-50).")] = 8,
     cwd: CwdOption = None,
     as_json: JsonOption = False,

@@ -200,14 +200,17 @@ def restore(
     """Bring archived records back exactly as they were (until the purge)."""
 
     async def use(memory: MemoryService) -> Any:
-        return await memory.restore(record_ids)
+        records = await memory.restore(record_ids)
+        return records, await memory.conflicts_of([r.id for r in records])
 
-    records = with_memory(cwd, use)
+    records, reopened = with_memory(cwd, use)
     if as_json:
         print_json([r.to_json() for r in records])
     else:
         for record in records:
             out.print(f"{record.id} restored: {short(record.content, 80)}")
+            if record.id in reopened:  # set aside by resolving it, the conflict is back
+                out.print(f"  in open conflict #{reopened[record.id]} (memory-mcp conflicts)")
 
 
 @project_app.command("done")

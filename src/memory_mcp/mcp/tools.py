@@ -433,7 +433,10 @@ def build_server(memory: MemoryService) -> MCPServer[Any]:
         kinds: Annotated[list[str] | None, Field(description="Only these kinds.")] = None,
         tags: Annotated[list[str] | None, Field(description="Any of these tags.")] = None,
         since: Annotated[str | None, Field(description="ISO date or time.")] = None,
-        until: Annotated[str | None, Field(description="ISO date or time.")] = None,
+        until: Annotated[
+            str | None,
+            Field(description="ISO date (that whole day included) or time (excluded)."),
+        ] = None,
         limit: Annotated[int, Field(description="1 to 50.")] = 8,
         cwd: Cwd = None,
     ) -> Results:

@@ -128,6 +128,25 @@ class SharedWrites:
         )
         return True
 
+    async def reopen_conflict(self, conflict_id: int, record_id: str) -> bool:
+        """Open again the resolved conflict ``record_id`` was archived by, now that it is
+        restored, if the record on the other side is still current (the contradiction
+        is back, and the inbox must show it); whether it was opened."""
+        rows = await self._fetch(
+            "SELECT record_id, other_id FROM conflicts WHERE id = ? AND resolved_at IS NOT NULL",
+            [conflict_id],
+        )
+        if not rows or record_id not in rows[0]:
+            return False
+        other = await self.get(rows[0][1] if rows[0][0] == record_id else rows[0][0])
+        if other is None or not other.current:
+            return False
+        changed = await self._execute(
+            "UPDATE conflicts SET resolved_at = NULL, resolution = NULL WHERE id = ?",
+            [conflict_id],
+        )
+        return changed > 0
+
     async def resolve_conflict(self, conflict_id: int, resolution: str, at: str) -> bool:
         changed = await self._execute(
             "UPDATE conflicts SET resolved_at = ?, resolution = ? "

@@ -12,7 +12,6 @@ import contextlib
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from datetime import date, timedelta
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,6 +28,7 @@ from starlette.staticfiles import StaticFiles
 
 from memory_mcp import __version__
 from memory_mcp.agents.inject import AGENTS, injected, prompt_file
+from memory_mcp.agents.install import inspect
 from memory_mcp.errors import InvalidInput, MemoryMcpError, NotFound
 from memory_mcp.mcp.tokens import CALLER_KEY, Caller, Tokens
 from memory_mcp.records import CORPORA, CORPUS_OF_KIND, Record
@@ -53,18 +53,45 @@ from memory_mcp.viewer.guard import ASGIApp as GuardedApp
 
 PAGE = 50  # records a page lists
 HITS = 50  # search hits a page shows
-KEEPS = ("new", "old", "both", "merged")
-# What a page says after a change (``?done=``): fixed sentences, never text from the URL.
+KEEPS = ("new", "old", "both", "merged")  # a conflict's resolutions (``KEEP_SAYS``)
+# What a page says after a change (``?done=``, with ``n``: a conflict's number): fixed
+# sentences, never text from the URL.
 NOTICES = {
-    "archived": "Archived: it left searches and the brief; Restore brings it back until the purge.",
+    "archived": "Archived: Restore brings it back until the purge.",
     "restored": "Restored: it is current again.",
+    "restored-history": "Restored: it is history again, replaced by the value after it.",
+    "reopened": "Restored: it contradicts a current memory again, so conflict #{n} is open again.",
     "unfolded": (
         "Fold undone: the text is its own memory again, and maintenance will not fold "
         "the two together again."
     ),
     "reinstated": "This is the current value again; the value that replaced it is its history.",
-    "resolved": "Conflict resolved.",
+    "resolved-new": "Conflict #{n} resolved: the newer memory is kept; the older is its history.",
+    "resolved-old": (
+        "Conflict #{n} resolved: the older memory is kept; the newer is archived (Archived "
+        "has it, with Restore)."
+    ),
+    "resolved-both": "Conflict #{n} resolved: both memories stay current.",
+    "resolved-merged": "Conflict #{n} resolved: one new memory replaces both.",
 }
+KEEP_SAYS = {  # what each resolution does, beside its button
+    "new": "the older becomes the newer's history",
+    "old": "the newer is archived (restorable)",
+    "both": "both stay current",
+    "merged": "a new memory with your text replaces both",
+}
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """How one CLI gets a project's brief, as far as the viewer can tell."""
+
+    agent: str
+    file: str  # its prompt file's name ("" where the project's files are not known)
+    injected: bool  # `inject` wrote the block in that file
+    known: bool  # the project's files and the CLI's configs were read (`ui` runs in it)
+    hooks: list[str]  # install scopes holding its SessionStart hook
+    server: bool  # its MCP server is registered
 
 
 @dataclass
@@ -86,6 +113,7 @@ class Viewer:
             lstrip_blocks=True,
         )
         self.templates.filters["when"] = when
+        self.templates.filters["why_archived"] = why_archived
 
     @contextlib.contextmanager
     def acting(self, request: Request) -> Iterator[None]:
@@ -113,7 +141,7 @@ class Viewer:
             signed_in=self.tokens.required,
             version=__version__,
             scope_name=project_label,
-            notice=NOTICES.get(request.query_params.get("done", "")),
+            notice=notice(request.query_params.get("done", ""), request.query_params.get("n", "")),
             elapsed=lambda: f"{(time.perf_counter() - started) * 1000:.0f} ms",
             **values,
         )
@@ -126,9 +154,27 @@ def when(stored: str | None, empty: str = "") -> str:
     return f"{stored[:16].replace('T', ' ')} UTC" if stored else empty
 
 
-def done(target: str, what: str) -> str:
-    """``target`` (a local URL) with the notice of ``what`` was done (``NOTICES``)."""
-    return f"{target}{'&' if '?' in target else '?'}done={what}"
+def why_archived(reason: str | None) -> str:
+    """An archive reason as people read it: ``conflict-3`` is the conflict's resolution."""
+    number = reason.removeprefix("conflict-") if reason else ""
+    if reason and number != reason and number.isdigit():
+        return f"set aside when conflict #{number} was resolved"
+    return reason or ""
+
+
+def done(target: str, what: str, number: int | None = None) -> str:
+    """``target`` (a local URL) with the notice of ``what`` was done (``NOTICES``) to
+    conflict ``number``."""
+    given = f"done={what}" + (f"&n={number}" if number is not None else "")
+    return f"{target}{'&' if '?' in target else '?'}{given}"
+
+
+def notice(what: str, number: str) -> str | None:
+    """The sentence a page shows after a change, if the query names one."""
+    sentence = NOTICES.get(what)
+    if sentence is None or ("{n}" in sentence and not (number.isdigit() and len(number) < 19)):
+        return None
+    return sentence.format(n=number)
 
 
 def build_app(
@@ -179,13 +225,15 @@ class Pages:
         return self.v.render(request, "error.html", code=status, message=str(exc))
 
     async def sign_in(self, request: Request) -> Response:
+        wanted = request.query_params.get("next", "")
+        after = wanted if _local(wanted) and wanted.startswith(self.v.prefix + "/") else ""
         if request.method == "GET":
-            return self.v.render(request, "sign_in.html", failed=False)
+            return self.v.render(request, "sign_in.html", failed=False, after=after)
         form = await request.form()
         token = _text(form, "token")
         if self.v.tokens.caller(token) is None:
-            return self.v.render(request, "sign_in.html", code=401, failed=True)
-        response = RedirectResponse(self.v.url("/"), status_code=303)
+            return self.v.render(request, "sign_in.html", code=401, failed=True, after=after)
+        response = RedirectResponse(after or self.v.url("/"), status_code=303)
         response.set_cookie(
             COOKIE,
             self.v.sessions.open(token),
@@ -280,14 +328,16 @@ class Pages:
     async def _find(
         self, keys: tuple[str, ...], shown: dict[str, str], before: str, seen: list[str]
     ) -> tuple[list[Any], list[Record], str, list[str]]:
-        """The hits of a search, or a page of the listing (one more than shown: is
-        there a next page); the search's mode and warnings."""
-        text, kind, agent, tag = shown["q"], shown["kind"], shown["agent"], shown["tag"]
-        since, until = shown["since"], _through_day(shown["since"], shown["until"])
+        """The hits of a search (a project's: with the global scope's, as an agent's
+        search in the project reads them), or a page of the listing (one more than
+        shown: is there a next page); the search's mode and warnings."""
+        text, kind, agent = shown["q"], shown["kind"], shown["agent"]
+        tag = shown["tag"].removeprefix("#")  # as pages show tags
+        since, until = shown["since"], shown["until"]
         if text:
             result = await self.memory.search(
                 text,
-                keys=keys,
+                keys=(*keys, GLOBAL_KEY) if GLOBAL_KEY not in keys else keys,
                 corpora=CORPORA,  # a kind names its corpus (``search.search`` checks it)
                 kinds=(kind,) if kind else (),
                 tags=(tag,) if tag else (),
@@ -341,19 +391,32 @@ class Pages:
         ids = [str(i) for i in form.getlist("id") if str(i).strip()]
         with self.v.acting(request):
             reasons = {(await self.memory.readable(i)).archived_reason for i in ids}
-            await self.memory.restore(ids)
+            restored = await self.memory.restore(ids)
+            reopened = await self.memory.conflicts_of(ids)
         back = _text(form, "back")
-        what = "unfolded" if reasons == {"folded"} else "restored"
-        return RedirectResponse(done(back if _local(back) else self.v.url("/archived"), what), 303)
+        back = back if _local(back) else self.v.url("/archived")
+        if reopened and any(r and r.startswith("conflict-") for r in reasons):
+            return RedirectResponse(done(back, "reopened", min(reopened.values())), 303)
+        if reasons == {"folded"}:
+            return RedirectResponse(done(back, "unfolded"), 303)
+        history = any(r.replaced_by for r in restored)
+        return RedirectResponse(done(back, "restored-history" if history else "restored"), 303)
 
-    async def conflicts(self, request: Request) -> Response:
+    async def conflicts(self, request: Request, error: str = "") -> Response:
         with self.v.acting(request):
             views = [
                 replace(view, new=new, old=old)
                 for view in await self.memory.conflicts()
                 for new, old in [(self._shown(view.new), self._shown(view.old))]
             ]
-        return self.v.render(request, "conflicts.html", conflicts=views, keeps=KEEPS)
+        return self.v.render(
+            request,
+            "conflicts.html",
+            code=400 if error else 200,
+            conflicts=views,
+            says=KEEP_SAYS,
+            error=error,
+        )
 
     def _shown(self, record: Record | None) -> Record | None:
         return None if record is None else self.memory.shown([record])[0]
@@ -365,13 +428,22 @@ class Pages:
             raise NotFound(f"no conflict #{request.path_params['conflict_id']}")
         if keep not in KEEPS:
             raise InvalidInput(f"keep must be one of {', '.join(KEEPS)}")
-        with self.v.acting(request):
-            await self.memory.resolve_conflict(
-                request.path_params["conflict_id"],
-                keep,  # type: ignore[arg-type]
-                _text(form, "text") or None,
+        number, text = request.path_params["conflict_id"], _text(form, "text")
+        if keep == "merged" and not text:
+            return await self.conflicts(
+                request, f"conflict #{number}: write the text that replaces both, then Merge"
             )
-        return RedirectResponse(done(self.v.url("/conflicts"), "resolved"), 303)
+        try:
+            with self.v.acting(request):
+                await self.memory.resolve_conflict(
+                    number,
+                    keep,  # type: ignore[arg-type]
+                    text or None,
+                    agent="viewer",
+                )
+        except InvalidInput as exc:  # the inbox again, saying why (changed meanwhile, …)
+            return await self.conflicts(request, f"conflict #{number}: {exc}")
+        return RedirectResponse(done(self.v.url("/conflicts"), f"resolved-{keep}", number), 303)
 
     async def archived(self, request: Request) -> Response:
         key = request.query_params.get("key")
@@ -409,10 +481,20 @@ class Pages:
             # Prompt files are read only where they are known: the project `ui` runs in.
             root = self.v.root if self.v.root is not None and await self._runs_in(key) else None
         deliveries = []
+        setups = {s.agent: s for s in inspect(root)} if root is not None else {}
         for agent in AGENTS:
             file = prompt_file(root, agent) if root is not None else None
-            by_file = root is not None and injected(root, agent)
-            deliveries.append((agent, file.name if file is not None else "", by_file))
+            setup = setups.get(agent)
+            deliveries.append(
+                Delivery(
+                    agent,
+                    file.name if file is not None else "",
+                    root is not None and injected(root, agent),
+                    known=setup is not None,
+                    hooks=list(setup.hooks) if setup else [],
+                    server=bool(setup and setup.servers),
+                )
+            )
         return self.v.render(
             request,
             "brief.html",
@@ -433,32 +515,6 @@ class Pages:
         )
 
 
-def _through_day(since: str, until: str) -> str:
-    """The form's ``until`` as the end of the window: a date (what the form's field
-    gives) counts as a whole day, up to where the next day begins; a time stays as it is
-    (``search`` checks it).
-
-    Raises:
-        InvalidInput: the ``since`` date comes after the ``until`` date.
-    """
-    last, first = _date(until), _date(since)
-    if last is None:
-        return until
-    if first is not None and first > last:
-        raise InvalidInput(
-            f"since ({since}) is after until ({until}): nothing can match; "
-            "swap them or leave one out"
-        )
-    return (last + timedelta(days=1)).isoformat()
-
-
-def _date(value: str) -> date | None:
-    try:
-        return date.fromisoformat(value.strip())
-    except ValueError:
-        return None
-
-
 def _count(value: str, name: str) -> int:
     if not (value.isascii() and value.isdigit() and len(value) <= 9):
         raise InvalidInput(f"{name} must be a whole number below a billion, got {value!r}")
@@ -471,5 +527,11 @@ def _text(form: FormData, name: str) -> str:
 
 
 def _local(target: str) -> bool:
-    """Whether a redirect target stays on this server (a path, not a URL)."""
-    return target.startswith("/") and not target.startswith("//") and "\\" not in target
+    """Whether a redirect target stays on this server (a path, not a URL; browsers drop
+    tabs and line breaks from a URL, so ``/\t/host`` would lead away)."""
+    return (
+        target.startswith("/")
+        and not target.startswith("//")
+        and "\\" not in target
+        and all(ord(c) > 0x20 for c in target)
+    )

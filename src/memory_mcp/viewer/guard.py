@@ -26,7 +26,7 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, quote
 
 from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
 from starlette.requests import Request
@@ -152,8 +152,12 @@ class Guard:
         caller = self._caller(headers, session)
         signing_in = path == self.prefix + SIGN_IN
         if caller is None and not signing_in and not (static and safe):
-            if safe:
-                await _redirect(secured, self.prefix + SIGN_IN)
+            if safe:  # back to this page once signed in (the projects page: no need)
+                query = scope.get("query_string", b"").decode("latin-1")
+                wanted = path + (f"?{query}" if query else "")
+                after = "" if wanted in (self.prefix, self.prefix + "/") else wanted
+                back = f"?next={quote(after, safe='')}" if after else ""
+                await _redirect(secured, f"{self.prefix}{SIGN_IN}{back}")
             else:
                 await _plain(secured, 401, "sign in first")
             return
