@@ -263,20 +263,29 @@ async def test_lexical_relevance_is_fts5s_bm25_on_every_backend(store: Store) ->
     await insert(store, *records, gone)
     async with store.write() as tx:
         await tx.archive(gone.id, "forgotten", format_time(NOW))
-    everything = [*records, gone]
+    query = "deploy the cache on monday"
+    await _lexical_is_bm25(store, query, records, [*records, gone])
+    # Written since: the words' record counts are read again (not an earlier search's).
+    later = [record("Monday: clear the cache before the deploy", tags=["cache"])]
+    await insert(store, *later)
+    await _lexical_is_bm25(store, query, [*records, *later], [*records, gone, *later])
+
+
+async def _lexical_is_bm25(
+    store: Store, query: str, current: list[Record], everything: list[Record]
+) -> None:
     indexed = {
         r.id: bm25.document_terms(bm25.indexed_columns(r.content, merged_text(r), r.tags))
         for r in everything
     }
     average = sum(length for length, _ in indexed.values()) / len(indexed)
-    query = "deploy the cache on monday"
     terms = query_terms(query)
     holding = {stem(t): sum(1 for _, held in indexed.values() if stem(t) in held) for t in terms}
     expected = {
         r.id: bm25.score(
             terms, indexed[r.id][1], indexed[r.id][0], len(everything), average, holding
         )
-        for r in records
+        for r in current
     }
     found = await store.lexical(query, FACTS, 10)
     assert [s.record.id for s in found] == sorted(expected, key=lambda i: -expected[i])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import getpass
 import logging
+import math
 import shutil
 import sqlite3
 import tempfile
@@ -96,6 +97,7 @@ class SqliteStore(VectorTables, UpkeepReads):
         self._copies: dict[str, DenseIndex] = {}  # by vector table
         self._vocab_ready = False  # the reader has temp.records_vocab
         self._counts: dict[str, tuple[int, float]] = {}  # stem -> (records, when read)
+        self._counts_index: bytes | None = None  # FTS5's structure when they were exact
         self._copy_off = "" if vector_copy else "turned off"
 
     @classmethod
@@ -432,11 +434,21 @@ class SqliteStore(VectorTables, UpkeepReads):
 
         Read on the reader connection, which is never inside a transaction that
         could roll its temporary vocabulary table back; fts5vocab counts by
-        reading a word's postings, hence the cache.
+        reading a word's postings (1-4 ms for a search's words at 50,000-200,000
+        memories, and growing with the store), hence the cache. Fresh counts are
+        those read since FTS5's structure record last changed: every write to
+        its index changes it (a new segment, a merge), so they are exact.
         """
         now = time.monotonic()
-        stale = now if fresh else now - _COUNTS_TTL
-        missing = [s for s in stems if self._counts.get(s, (0, stale - 1))[1] < stale]
+        stale = now - _COUNTS_TTL
+        if fresh:
+            rows = await self.reads.fetch("SELECT block FROM records_fts_data WHERE id = 10")
+            index = bytes(rows[0][0]) if rows else b""
+            if index != self._counts_index:  # written since: none of them is exact now
+                self._counts.clear()
+                self._counts_index = index
+            stale = -math.inf
+        missing = [s for s in stems if s not in self._counts or self._counts[s][1] < stale]
         if missing:
             if not self._vocab_ready:
                 await self._reader.execute(
