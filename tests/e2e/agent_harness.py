@@ -388,8 +388,15 @@ def _claude_argv(home: Home, prompt: str, memory_tools: bool) -> list[str]:
 
 
 def _codex_argv(home: Home, prompt: str, memory_tools: bool) -> list[str]:
+    """``codex exec`` does not wait for MCP servers that are not ``required``: under load
+    its first request went out before the memory server's handshake, with no memory
+    tools (Codex 0.169). Requiring the server, where it is installed, makes the session
+    wait for it; ``install`` does not write it (a failed server would stop Codex)."""
     del memory_tools  # no grant: the tools' annotations suffice (see above)
-    return ["codex", "exec", "--color", "never", prompt]
+    config = home.home / ".codex" / "config.toml"
+    installed = config.is_file() and "[mcp_servers.memory]" in config.read_text()
+    wait = ["-c", "mcp_servers.memory.required=true"] if installed else []
+    return ["codex", "exec", *wait, "--color", "never", prompt]
 
 
 def _gemini_argv(home: Home, prompt: str, memory_tools: bool) -> list[str]:

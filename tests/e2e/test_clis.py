@@ -265,7 +265,8 @@ def stores(home: Home) -> list[str]:
 
 def test_codex_finds_claudes_decision_with_memory_search(home: Home, codex: Session) -> None:
     assert codex.ran.returncode == 0, codex.ran.describe()
-    assert CODEX_SEARCH.qualified in codex.model.tool_names(codex.first_request)
+    offered = codex.model.tool_names(codex.first_request)
+    assert CODEX_SEARCH.qualified in offered, f"{offered}\n{codex.ran.describe()}"
     found = result_json(codex.result_of(CODEX_SEARCH))
     contents = [hit["content"] for hit in found["results"]]
     assert DECISION in contents, f"{found}\nstores under HOME: {stores(home)}"
