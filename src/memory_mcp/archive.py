@@ -8,17 +8,15 @@ after it was archived).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from pathlib import Path
 
 from memory_mcp.engine import Engine
 from memory_mcp.errors import InvalidInput, NotFound
-from memory_mcp.records import Record, format_time, without_surrogates
+from memory_mcp.records import Record, format_time, set_aside_by, without_surrogates
 from memory_mcp.write import clean_text
 
 _BATCH = 200  # records per transaction
-_CONFLICT_REASON = re.compile(r"conflict-(\d+)")  # archived by resolving conflict #n
 
 
 async def forget(
@@ -94,8 +92,8 @@ async def restore(engine: Engine, record_ids: Sequence[str]) -> list[Record]:
             found[record_id] = record
         restored = [r for r in [await tx.restore(i, at) for i in ids] if r is not None]
         for record in found.values():
-            if by_conflict := _CONFLICT_REASON.fullmatch(record.archived_reason or ""):
-                await tx.reopen_conflict(int(by_conflict.group(1)), record.id)
+            if (conflict_id := set_aside_by(record.archived_reason)) is not None:
+                await tx.reopen_conflict(conflict_id, record.id)
     holders = [r.replaced_by for r in found.values() if r.replaced_by]
     await engine.embed_stored([*ids, *holders])
     return await engine.store.get_many([r.id for r in restored])

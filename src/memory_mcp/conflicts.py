@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from memory_mcp.engine import Engine
 from memory_mcp.errors import InvalidInput, NotFound
-from memory_mcp.records import Conflict, Record, format_time
+from memory_mcp.records import Conflict, Record, format_time, set_aside_reason
 from memory_mcp.scope import Scope
 from memory_mcp.storage.base import Vector
 from memory_mcp.write import prepare
@@ -139,7 +139,7 @@ async def resolve_conflict(
             await tx.update_merged(new, at)
             await tx.replace(old, new.id)
         elif keep == "old":
-            await tx.archive(new.id, f"conflict-{conflict_id}", at)
+            await tx.archive(new.id, set_aside_reason(conflict_id), at)
         elif merged is not None:
             await tx.insert(merged, vectors[0] if vectors else None)
             await tx.replace(old, merged.id)

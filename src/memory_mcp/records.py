@@ -300,6 +300,21 @@ class Record:
         }
 
 
+_SET_ASIDE = re.compile(r"conflict-(\d+)")
+
+
+def set_aside_reason(conflict_id: int) -> str:
+    """The archive reason of the record a conflict's resolution set aside (keep old)."""
+    return f"conflict-{conflict_id}"
+
+
+def set_aside_by(reason: str | None) -> int | None:
+    """The conflict whose resolution archived a record, from its archive reason (None:
+    archived for another reason, or not archived)."""
+    found = _SET_ASIDE.fullmatch(reason or "")
+    return int(found.group(1)) if found else None
+
+
 @dataclass
 class Conflict:
     """Two current records that contradict each other: the operator's inbox."""

@@ -209,7 +209,7 @@ def restore(
     else:
         for record in records:
             out.print(f"{record.id} restored: {short(record.content, 80)}")
-            if record.id in reopened:  # set aside by resolving it, the conflict is back
+            if record.id in reopened:  # in the inbox (again, if a resolution set it aside)
                 out.print(f"  in open conflict #{reopened[record.id]} (memory-mcp conflicts)")
 
 

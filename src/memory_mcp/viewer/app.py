@@ -31,7 +31,7 @@ from memory_mcp.agents.inject import AGENTS, injected, prompt_file
 from memory_mcp.agents.install import inspect
 from memory_mcp.errors import InvalidInput, MemoryMcpError, NotFound
 from memory_mcp.mcp.tokens import CALLER_KEY, Caller, Tokens
-from memory_mcp.records import CORPORA, CORPUS_OF_KIND, Record
+from memory_mcp.records import CORPORA, CORPUS_OF_KIND, Record, set_aside_by
 from memory_mcp.scope import GLOBAL_KEY, project_label
 from memory_mcp.service import MemoryService
 
@@ -156,8 +156,8 @@ def when(stored: str | None, empty: str = "") -> str:
 
 def why_archived(reason: str | None) -> str:
     """An archive reason as people read it: ``conflict-3`` is the conflict's resolution."""
-    number = reason.removeprefix("conflict-") if reason else ""
-    if reason and number != reason and number.isdigit():
+    number = set_aside_by(reason)
+    if number is not None:
         return f"set aside when conflict #{number} was resolved"
     return reason or ""
 
@@ -395,7 +395,7 @@ class Pages:
             reopened = await self.memory.conflicts_of(ids)
         back = _text(form, "back")
         back = back if _local(back) else self.v.url("/archived")
-        if reopened and any(r and r.startswith("conflict-") for r in reasons):
+        if reopened and any(set_aside_by(r) is not None for r in reasons):
             return RedirectResponse(done(back, "reopened", min(reopened.values())), 303)
         if reasons == {"folded"}:
             return RedirectResponse(done(back, "unfolded"), 303)
