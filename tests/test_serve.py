@@ -322,36 +322,33 @@ async def test_the_server_runs_maintenance_by_itself(env: dict[str, str], projec
     assert all(not tasks[t].last_error for t in TASKS)
 
 
-def test_a_port_in_use_is_one_line_and_exit_78(env: dict[str, str], project: Path) -> None:
+def on_a_taken_port(
+    env: dict[str, str], project: Path, *argv: str
+) -> tuple[int, subprocess.CompletedProcess[str]]:
+    """``memory-mcp ARGV --port P`` while another socket listens on P: P and the run."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
         done = subprocess.run(
-            [COMMAND, "serve", "--transport", "streamable-http", "--port", str(port)],
+            [COMMAND, *argv, "--port", str(port)],
             env=env,
             cwd=project,
             capture_output=True,
             text=True,
             timeout=120,
         )
+    return port, done
+
+
+def test_a_port_in_use_is_one_line_and_exit_78(env: dict[str, str], project: Path) -> None:
+    port, done = on_a_taken_port(env, project, "serve", "--transport", "streamable-http")
     assert done.returncode == 78
     assert done.stderr.splitlines() == [
         f"error: port {port} on 127.0.0.1 is in use (another memory-mcp server?); pick another "
         "with --port or serve.port"
     ]
-    with socket.socket() as held:  # the viewer's port is its option alone
-        held.bind(("127.0.0.1", 0))
-        held.listen(1)
-        taken = held.getsockname()[1]
-        ui = subprocess.run(
-            [COMMAND, "ui", "--port", str(taken)],
-            env=env,
-            cwd=project,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+    taken, ui = on_a_taken_port(env, project, "ui")  # the viewer's port is its option alone
     assert ui.returncode == 78
     assert ui.stderr.splitlines() == [
         f"error: port {taken} on 127.0.0.1 is in use (another memory-mcp server?); pick another "
