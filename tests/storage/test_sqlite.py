@@ -498,3 +498,31 @@ async def test_a_clustered_scope_answers_from_its_nearest_clusters_and_falls_bac
         assert len(far) == 2 and {h.record.id for h in hits} == {rows[i].id for i in far}
     finally:
         await store.close()
+
+
+async def test_closing_the_store_stops_a_clustering_that_is_still_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process must not exit while a clustering thread is inside a matrix product
+    (OpenBLAS's exit handler then hangs or crashes): ``close`` stops and joins it."""
+    monkeypatch.setattr(dense, "CLUSTER_FROM", 200)
+    monkeypatch.setattr(dense, "_ROUNDS", 10**9)  # it never ends by itself
+    monkeypatch.setattr(dense, "_CLUSTER_BLOCK", 64)
+    rng = np.random.default_rng(9)
+    vectors = rng.normal(size=(300, 16))
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    store = await SqliteStore.open(tmp_path / "m.db")
+    closed = False
+    try:
+        async with store.write() as tx:
+            for i, v in enumerate(vectors):
+                await tx.insert(fact(f"fact {i}", embedder="m"), v.astype(np.float32)[None, :])
+        assert not await store.load_vectors("m", ["/repo"], settle=0.2)  # still clustering
+        job = next(iter(store._copies.values()))._segments["/repo"]._clustering
+        assert job is not None and job.thread.is_alive()
+        await store.close()
+        closed = True
+        assert not job.thread.is_alive() and job.result is None
+    finally:
+        if not closed:
+            await store.close()

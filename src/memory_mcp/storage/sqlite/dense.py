@@ -42,6 +42,7 @@ import mmap
 import os
 import tempfile
 import threading
+import time
 from collections.abc import Awaitable, Callable, Collection, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -76,6 +77,9 @@ CLUSTER_FROM = 20_000  # rows of a scope from which its searches probe clusters
 _TAIL_SHARE = 0.1  # rows written since the clustering, as a share, that start another
 _SAMPLE_PER_CLUSTER = 48  # rows k-means trains on, per cluster
 _ROUNDS = 8  # k-means rounds
+# Rows per matrix product of a clustering: 0.1-0.2 s here at 200,000 memories, the
+# longest a stopped clustering runs on (``_Clustering``).
+_CLUSTER_BLOCK = 8 * BLOCK
 
 
 class LayoutError(Exception):
@@ -411,12 +415,13 @@ class _Segment:
             return True
         return self.size - int(self.starts[self.clusters]) > _TAIL_SHARE * live
 
-    def start_clustering(self) -> None:
+    def start_clustering(self) -> _Clustering:
         """Cluster the rows held now, in a background thread (``settle`` installs it)."""
         live = np.flatnonzero(self.rowid[: self.size] >= 0)
         job = _Clustering(self.codes, live, self.rowid[live].copy())
         self._clustering = job
         job.thread.start()
+        return job
 
     def settle(self) -> bool:
         """Install a finished clustering; True if one is still running."""
@@ -453,7 +458,14 @@ class _Segment:
 
 class _Clustering:
     """Spherical k-means over a segment's rows, in a daemon thread (numpy releases the
-    GIL in its matrix products, so searches go on meanwhile)."""
+    GIL in its matrix products, so searches go on meanwhile).
+
+    ``stop`` ends it at its next block of rows. A process must not exit while the
+    thread is inside a matrix product: OpenBLAS's exit handler then waits for its
+    own threads forever (a ``memory-mcp search`` at 50,000 memories hung at exit
+    4 times in 20) or frees buffers still in use (a crash); ``DenseIndex.close``
+    stops and joins every clustering before its store closes.
+    """
 
     def __init__(
         self, codes: _Codes, positions: npt.NDArray[np.int64], rowids: npt.NDArray[np.int64]
@@ -463,20 +475,34 @@ class _Clustering:
         self.rowids = rowids
         self.dropped: list[npt.NDArray[np.int64]] = []  # records dropped meanwhile
         self.result: tuple[Vector, npt.NDArray[np.int64], npt.NDArray[np.int32]] | None = None
+        self._stopping = threading.Event()
         self.thread = threading.Thread(target=self._run, name="vector-clusters", daemon=True)
+
+    def stop(self) -> None:
+        """Ask the thread to end at its next block of rows (it leaves no result)."""
+        self._stopping.set()
 
     def _run(self) -> None:
         try:
             assert self._codes is not None
-            self.result = cluster(self._codes, self._positions, self.rowids)
+            self.result = cluster(self._codes, self._positions, self.rowids, self._stopping)
+        except _Stopped:
+            pass
         except Exception:
             log.warning("could not cluster the vectors of a scope", exc_info=True)
         finally:
             self._codes = None
 
 
+class _Stopped(Exception):
+    """A clustering was stopped before it finished."""
+
+
 def cluster(
-    codes: _Codes, positions: npt.NDArray[np.int64], rowids: npt.NDArray[np.int64]
+    codes: _Codes,
+    positions: npt.NDArray[np.int64],
+    rowids: npt.NDArray[np.int64],
+    stopping: threading.Event | None = None,
 ) -> tuple[Vector, npt.NDArray[np.int64], npt.NDArray[np.int32]]:
     """Centroids (unit rows) of these rows of ``codes``, and each row's nearest.
 
@@ -484,7 +510,19 @@ def cluster(
     on a sample of ``_SAMPLE_PER_CLUSTER`` rows per cluster for ``_ROUNDS`` rounds
     (the cosine ignores the rows' scales, so the codes serve as they are), then
     every row goes to its nearest centroid. Seeded, so that it is repeatable.
+    The rows go through the matrix products ``_CLUSTER_BLOCK`` at a time, and
+    ``stopping`` is looked at before each block (raises ``_Stopped`` once set).
     """
+
+    def nearest_of(rows: Vector, centroids: Vector) -> npt.NDArray[np.int64]:
+        out = np.empty(len(rows), np.int64)
+        for start in range(0, len(rows), _CLUSTER_BLOCK):
+            if stopping is not None and stopping.is_set():
+                raise _Stopped
+            part = rows[start : start + _CLUSTER_BLOCK]
+            out[start : start + len(part)] = np.argmax(part @ centroids.T, axis=1)
+        return out
+
     rng = np.random.default_rng(len(positions))
     count = len(positions)
     clusters = ivf_lists(count)
@@ -492,16 +530,16 @@ def cluster(
     sample = _units(codes.take(positions[picked]))
     centroids = sample[rng.choice(len(sample), clusters, replace=False)]
     for _ in range(_ROUNDS):
-        nearest = np.argmax(sample @ centroids.T, axis=1)
+        nearest = nearest_of(sample, centroids)
         sums = np.zeros_like(centroids)
         np.add.at(sums, nearest, sample)
         empty = np.bincount(nearest, minlength=clusters) == 0
         sums[empty] = sample[rng.choice(len(sample), int(empty.sum()))]
         centroids = _units(sums)
     cells = np.empty(count, np.int32)
-    for start in range(0, count, 8 * BLOCK):
-        part = codes.take(positions[start : start + 8 * BLOCK]).astype(np.float32)
-        cells[start : start + len(part)] = np.argmax(part @ centroids.T, axis=1)
+    for start in range(0, count, _CLUSTER_BLOCK):
+        part = codes.take(positions[start : start + _CLUSTER_BLOCK]).astype(np.float32)
+        cells[start : start + len(part)] = nearest_of(part, centroids)
     return centroids, rowids, cells
 
 
@@ -525,6 +563,18 @@ class DenseIndex:
         self.position = -1  # the last vector_changes entry applied; -1: nothing loaded
         self._segments: dict[str, _Segment] = {}
         self._codes: dict[str, int] = {}
+        self._jobs: list[_Clustering] = []  # clusterings started, until they end
+
+    def close(self, seconds: float) -> bool:
+        """Stop the clusterings still running and wait up to ``seconds`` for their
+        threads (blocks: run it in a worker thread). True if none runs any more."""
+        for job in self._jobs:
+            job.stop()
+        deadline = time.monotonic() + seconds
+        for job in self._jobs:
+            job.thread.join(max(0.0, deadline - time.monotonic()))
+        self._jobs = [job for job in self._jobs if job.thread.is_alive()]
+        return not self._jobs
 
     def _code(self, name: str) -> int:
         return self._codes.setdefault(name, len(self._codes))
@@ -572,7 +622,8 @@ class DenseIndex:
         for key in scope_keys:
             segment = self._segments.get(key)
             if segment is not None and not segment.settle() and segment.wants_clusters:
-                segment.start_clustering()
+                self._jobs = [job for job in self._jobs if job.thread.is_alive()]
+                self._jobs.append(segment.start_clustering())
 
     async def settle(self, scope_keys: Collection[str], seconds: float) -> bool:
         """Wait up to ``seconds`` for these scopes' clusterings (hold ``lock``);
@@ -613,6 +664,9 @@ class DenseIndex:
         ):
             if self._segments:
                 log.info("vector index of %s: reloading its scopes", self.embedder)
+            for segment in self._segments.values():  # their clusterings can no longer land
+                if segment._clustering is not None:
+                    segment._clustering.stop()
             self._segments.clear()
             self.position = newest
             return

@@ -176,6 +176,7 @@ class SqliteStore(VectorTables, UpkeepReads):
 
     async def close(self) -> None:
         with anyio.CancelScope(shield=True):
+            await self._stop_clusterings(list(self._copies.values()))
             await self._writer.close()
             await self._reader.close()
 

@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+_STOP_WAIT_S = 10.0  # how long a closing store waits for its clusterings to stop
+
 
 def to_blob(vector: Vector) -> bytes:
     import numpy as np
@@ -125,12 +127,21 @@ class VectorTables:
         except LayoutError as exc:
             log.warning("searching vectors through vec0, without an in-memory copy: %s", exc)
             self._copy_off = str(exc)
+            dropped = list(self._copies.values())
             self._copies.clear()
+            await self._stop_clusterings(dropped)
             return False
         except Moved as exc:
             log.info("a scope changed while its vectors loaded (%s); searching through vec0", exc)
             return False
         return True
+
+    async def _stop_clusterings(self, indexes: Sequence[DenseIndex]) -> None:
+        """Stop these copies' clusterings and wait for their threads (``_Clustering``
+        says why a process must not exit while one runs)."""
+        for index in indexes:
+            if not await anyio.to_thread.run_sync(index.close, _STOP_WAIT_S):
+                log.warning("a clustering of %s's vectors did not stop", index.embedder)
 
     async def write_mark(self) -> object | None:
         """The reader's ``PRAGMA data_version``: it changes with every commit of another
