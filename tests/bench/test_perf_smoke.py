@@ -58,6 +58,37 @@ async def test_a_tiny_perf_run_reports_every_figure() -> None:
     assert point.dense_recall_at_50 == 1.0  # a scope this small is scored whole
 
 
+@pytest.mark.sqlite_only  # bench perf measures the SQLite files it makes
+async def test_rounds_take_turns_on_stores_filled_once(tmp_path: Path) -> None:
+    """``rounds``: the sizes take turns, each store filled once and measured again;
+    the medians sum up each size's runs."""
+    report = await run_perf(
+        [30, 40], Settings(), samples=5, embedder=FakeEmbedder(), keep=tmp_path, rounds=2
+    )
+    assert [(p.memories, p.run_on_store) for p in report.points] == [
+        (30, 1),
+        (40, 1),
+        (30, 2),
+        (40, 2),
+    ]
+    assert report.points[2].import_per_s == report.points[0].import_per_s  # not refilled
+    assert json.loads((tmp_path / "40" / "fill.json").read_text())["runs"] == 2
+    medians = report.to_json()["medians"]
+    assert [(m["memories"], m["runs"]) for m in medians] == [(30, 2), (40, 2)]
+    first, again = report.points[1].store_p50_ms, report.points[3].store_p50_ms
+    spread = medians[1]["store_p50_ms"]
+    assert (spread["min"], spread["max"]) == (min(first, again), max(first, again))
+    assert spread["median"] == round((first + again) / 2, 4)
+    with pytest.raises(InvalidInput, match="rounds must be at least 1"):
+        await run_perf([30], Settings(), samples=5, embedder=FakeEmbedder(), rounds=0)
+
+
+@pytest.mark.sqlite_only  # bench perf measures the SQLite files it makes
+async def test_rounds_without_keep_measure_one_temporary_store_per_size() -> None:
+    report = await run_perf([30], Settings(), samples=5, embedder=FakeEmbedder(), rounds=2)
+    assert [p.run_on_store for p in report.points] == [1, 2]
+
+
 @pytest.mark.sqlite_only
 async def test_perf_waits_for_the_clusters_and_measures_their_recall(
     monkeypatch: pytest.MonkeyPatch,

@@ -4,6 +4,7 @@ Each command imports its benchmark only when it runs, so the command line starts
 
 from __future__ import annotations
 
+import itertools
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -275,6 +276,15 @@ def bench_perf(
         str, typer.Option(help="Comma-separated numbers of memories, e.g. 1000,10000,50000,200000.")
     ] = "1000,10000",
     samples: Annotated[int, typer.Option(min=5, max=10000, help="Timed calls per figure.")] = 50,
+    rounds: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=100,
+            help="Measure every size this many times, the sizes taking turns (each store "
+            "filled once), and print each figure's median and range over the rounds.",
+        ),
+    ] = 1,
     launch: Annotated[
         bool, typer.Option("--launch/--no-launch", help="Also time spawn to tools/list.")
     ] = True,
@@ -327,7 +337,13 @@ def bench_perf(
                 report(done, total, phase)
 
             return await run_perf(
-                counts, loaded.settings, samples=samples, progress=step, keep=keep, storage=storage
+                counts,
+                loaded.settings,
+                samples=samples,
+                progress=step,
+                keep=keep,
+                storage=storage,
+                rounds=rounds,
             )
 
     result = run_engine(work)
@@ -384,8 +400,50 @@ def bench_perf(
         for point in result.points
     ]
     out.table(header, rows)
+    if rounds > 1:
+        _print_medians(result.medians())
     if result.launch_s is not None:
         out.print(f"spawn to tools/list over stdio: median {result.launch_s:.3f} s of 10")
+
+
+def _print_medians(medians: list[dict[str, Any]]) -> None:
+    """Each size's medians over its rounds, with their ranges, and as multiples of the
+    model; then each size against the one before it."""
+    out.print("medians over the rounds (lowest-highest):")
+    names = (
+        ("store p50", "store_p50_ms", " ms"),
+        ("store p95", "store_p95_ms", " ms"),
+        ("search p50", "search_p50_ms", " ms"),
+        ("search p95", "search_p95_ms", " ms"),
+        ("model, 1 text", "embed_one_ms", " ms"),
+        ("brief+inject", "brief_inject_ms", " ms"),
+        ("RSS MB", "rss_mb", ""),
+        ("dense recall@50", "dense_recall_at_50", ""),
+        ("store/model", "store_p50_x", "x"),
+        ("search/model", "search_p50_x", "x"),
+    )
+
+    def cell(spread: dict[str, float] | None, unit: str) -> str:
+        if spread is None:
+            return "-"
+        return f"{spread['median']:g}{unit} ({spread['min']:g}-{spread['max']:g})"
+
+    out.table(
+        ("memories", "runs", *(label for label, _, _ in names)),
+        [
+            [f"{row['memories']:,}", str(row["runs"]), *(cell(row[k], u) for _, k, u in names)]
+            for row in medians
+        ],
+    )
+    growth = ("store_p50_ms", "store_p95_ms", "search_p50_ms", "search_p95_ms")
+    for before, after in itertools.pairwise(medians):
+        parts = [
+            f"{name.replace('_ms', '').replace('_', ' ')} "
+            f"{after[name]['median'] / before[name]['median']:.2f}x"
+            for name in growth
+            if after[name] and before[name] and before[name]["median"]
+        ]
+        out.print(f"{after['memories']:,} against {before['memories']:,}: {', '.join(parts)}")
 
 
 def _times(ratio: float | None) -> str:

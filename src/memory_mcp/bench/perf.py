@@ -41,6 +41,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import anyio
+
 from memory_mcp.agents.inject import inject
 from memory_mcp.config import Settings, WriteSettings, replaced
 from memory_mcp.embedders.base import Embedder
@@ -266,14 +268,56 @@ class PerfPoint:
         return out
 
 
+# The figures that ``PerfReport.medians`` sums up over the rounds of a size.
+SPREAD_FIGURES = (
+    "store_p50_ms",
+    "store_p95_ms",
+    "search_p50_ms",
+    "search_p95_ms",
+    "embed_one_ms",
+    "brief_inject_ms",
+    "rss_mb",
+    "dense_recall_at_50",
+    "store_p50_x",
+    "store_p95_x",
+    "search_p50_x",
+    "search_p95_x",
+)
+
+
 @dataclass
 class PerfReport:
     points: list[PerfPoint] = field(default_factory=list)
     launch_s: float | None = None
 
+    def medians(self) -> list[dict[str, Any]]:
+        """Per size, in the order first measured: how many runs, and each figure's
+        median, lowest and highest over them (``SPREAD_FIGURES``; None where a run
+        has no such figure)."""
+        by_size: dict[int, list[dict[str, Any]]] = {}
+        for point in self.points:
+            by_size.setdefault(point.memories, []).append({**asdict(point), **point.ratios})
+        out: list[dict[str, Any]] = []
+        for memories, runs in by_size.items():
+            row: dict[str, Any] = {"memories": memories, "runs": len(runs)}
+            for name in SPREAD_FIGURES:
+                values = [r[name] for r in runs if r[name] is not None]
+                row[name] = (
+                    {
+                        "median": round(statistics.median(values), 4),
+                        "min": min(values),
+                        "max": max(values),
+                    }
+                    if values
+                    else None
+                )
+            out.append(row)
+        return out
+
     def to_json(self) -> dict[str, Any]:
         return {
             "points": [{**asdict(p), **p.ratios} for p in self.points],
+            "medians": self.medians(),
             "launch_to_tools_list_s": self.launch_s,
         }
 
@@ -599,6 +643,7 @@ async def run_perf(
     progress: Progress | None = None,
     keep: Path | None = None,
     storage: str = "",
+    rounds: int = 1,
 ) -> PerfReport:
     """One store per size: fresh in a temporary directory, or ``keep/<size>``.
 
@@ -610,62 +655,106 @@ async def run_perf(
     Postgres database, say): ``{size}`` in it is replaced by the size, and each
     such store must be empty (or, with ``keep``, the one that run filled).
 
+    ``rounds``: measure every size that many times, the sizes taking turns
+    (50,000, 200,000, 50,000, ...), each store filled once: on a machine whose
+    speed drifts, the medians over the rounds (``PerfReport.medians``) compare
+    the sizes where one run each would not.
+
     Raises:
         InvalidInput: several sizes but no ``{size}`` in ``storage``, or a store there
             holds records this bench did not write.
     """
     if storage and len(sizes) > 1 and "{size}" not in storage:
         raise InvalidInput(f"--storage needs {{size}} in it to hold {len(sizes)} sizes")
+    if rounds < 1:
+        raise InvalidInput(f"rounds must be at least 1, got {rounds}")
     report = PerfReport()
-    for count in sizes:
-        with contextlib.ExitStack() as stack:
-            if keep is None:
-                tmp = Path(
-                    stack.enter_context(tempfile.TemporaryDirectory(prefix="memory-mcp-perf-"))
+    # A temporary store lasts until its size's last round (with one round, the sizes'
+    # stores are never on disk together).
+    temporary = {count: contextlib.ExitStack() for count in sizes}
+    with contextlib.ExitStack() as every:
+        for stack in temporary.values():
+            every.enter_context(stack)
+        folders: dict[int, Path] = {}
+        fills: dict[int, Fill | None] = {}
+        for turn in range(rounds):
+            for count in sizes:
+                if count not in folders:
+                    if keep is None:
+                        made = tempfile.TemporaryDirectory(prefix="memory-mcp-perf-")
+                        folders[count] = Path(temporary[count].enter_context(made))
+                        fills[count] = None
+                    else:
+                        folders[count] = keep / str(count)
+                        fills[count] = kept_fill(folders[count])
+                point, fills[count] = await _perf_point(
+                    count,
+                    folders[count],
+                    fills[count],
+                    settings,
+                    samples=samples,
+                    embedder=embedder,
+                    progress=progress,
+                    keep=keep,
+                    storage=storage,
                 )
-            else:
-                tmp = keep / str(count)
-            filled = kept_fill(tmp) if keep is not None else None
-            fresh = filled is None
-            root = tmp / "project"
-            url = storage.replace("{size}", str(count))
-            if filled is None:
-                tmp.mkdir(parents=True, exist_ok=True)
-                (root / ".git").mkdir(parents=True)
-                filled = Fill(memories=count, storage=url)
-            elif filled.storage != url:
-                raise InvalidInput(
-                    f"{tmp} was filled on {filled.storage or 'its own SQLite file'}, not on "
-                    f"{url or 'its own SQLite file'}: give the --storage it was filled with"
-                )
-
-            def save(state: Fill, folder: Path = tmp) -> None:
-                if keep is not None:
-                    (folder / FILL_FILE).write_text(json.dumps(asdict(state)) + "\n")
-
-            # Its own store: the one --storage names, else the temporary file, whatever
-            # storage.url the user's settings give.
-            async with MemoryService.open(
-                replaced(settings, storage=replaced(settings.storage, url=url)),
-                database=None if url else tmp / "memory.db",
-                embedder=embedder,
-                wait_for_embedder=60,
-            ) as memory:
-                if url and fresh and (await memory.status()).stats.records:
-                    raise InvalidInput(
-                        f"the store at {memory.location} holds records: bench perf fills an "
-                        "empty store (give it an empty database, or {size} in the URL)"
-                    )
-                if embedder is None and not memory.engine.embeddings.ready:
-                    await memory.engine.embeddings.wait_loaded(600)
-                if not filled.done:
-                    filled = await fill(memory, root, filled, progress=progress, save=save)
-                elif not fresh:
-                    await _refuse_moved(memory, root, filled)
-                point = await measure(memory, root, filled, samples=samples, progress=progress)
                 report.points.append(point)
-            save(filled)
+                if turn == rounds - 1:
+                    temporary[count].close()
     return report
+
+
+async def _perf_point(
+    count: int,
+    tmp: Path,
+    filled: Fill | None,
+    settings: Settings,
+    *,
+    samples: int,
+    embedder: Embedder | None,
+    progress: Progress | None,
+    keep: Path | None,
+    storage: str,
+) -> tuple[PerfPoint, Fill]:
+    """One size's figures in ``tmp`` (filled first unless ``filled`` says it was)."""
+    fresh = filled is None
+    root = tmp / "project"
+    url = storage.replace("{size}", str(count))
+    if filled is None:  # a new store: its project is a repository
+        await anyio.Path(root / ".git").mkdir(parents=True)
+        filled = Fill(memories=count, storage=url)
+    elif filled.storage != url:
+        raise InvalidInput(
+            f"{tmp} was filled on {filled.storage or 'its own SQLite file'}, not on "
+            f"{url or 'its own SQLite file'}: give the --storage it was filled with"
+        )
+
+    def save(state: Fill, folder: Path = tmp) -> None:
+        if keep is not None:
+            (folder / FILL_FILE).write_text(json.dumps(asdict(state)) + "\n")
+
+    # Its own store: the one --storage names, else the file in the folder, whatever
+    # storage.url the user's settings give.
+    async with MemoryService.open(
+        replaced(settings, storage=replaced(settings.storage, url=url)),
+        database=None if url else tmp / "memory.db",
+        embedder=embedder,
+        wait_for_embedder=60,
+    ) as memory:
+        if url and fresh and (await memory.status()).stats.records:
+            raise InvalidInput(
+                f"the store at {memory.location} holds records: bench perf fills an "
+                "empty store (give it an empty database, or {size} in the URL)"
+            )
+        if embedder is None and not memory.engine.embeddings.ready:
+            await memory.engine.embeddings.wait_loaded(600)
+        if not filled.done:
+            filled = await fill(memory, root, filled, progress=progress, save=save)
+        elif not fresh:
+            await _refuse_moved(memory, root, filled)
+        point = await measure(memory, root, filled, samples=samples, progress=progress)
+    save(filled)
+    return point, filled
 
 
 def kept_fill(folder: Path) -> Fill | None:
