@@ -435,6 +435,11 @@ def _print_medians(medians: list[dict[str, Any]]) -> None:
             for row in medians
         ],
     )
+    out.print(
+        "RSS after the first round includes what earlier rounds left in this process "
+        "(each opened and closed its store and model): compare the first round's with "
+        "a target."
+    )
     growth = ("store_p50_ms", "store_p95_ms", "search_p50_ms", "search_p95_ms")
     for before, after in itertools.pairwise(medians):
         parts = [
