@@ -253,6 +253,10 @@ class PerfPoint:
     # approximate search returns, over the search queries and stored texts.
     dense_recall_at_50: float | None = None
 
+    def as_json(self) -> dict[str, Any]:
+        """Every figure, with ``ratios``, as ``--json`` prints a point."""
+        return {**asdict(self), **self.ratios}
+
     @property
     def ratios(self) -> dict[str, float | None]:
         """Store and search p50 / p95 as multiples of ``embed_one_ms``, and the import's
@@ -296,7 +300,7 @@ class PerfReport:
         has no such figure)."""
         by_size: dict[int, list[dict[str, Any]]] = {}
         for point in self.points:
-            by_size.setdefault(point.memories, []).append({**asdict(point), **point.ratios})
+            by_size.setdefault(point.memories, []).append(point.as_json())
         out: list[dict[str, Any]] = []
         for memories, runs in by_size.items():
             row: dict[str, Any] = {"memories": memories, "runs": len(runs)}
@@ -316,7 +320,7 @@ class PerfReport:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "points": [{**asdict(p), **p.ratios} for p in self.points],
+            "points": [p.as_json() for p in self.points],
             "medians": self.medians(),
             "launch_to_tools_list_s": self.launch_s,
         }
@@ -669,24 +673,21 @@ async def run_perf(
     if rounds < 1:
         raise InvalidInput(f"rounds must be at least 1, got {rounds}")
     report = PerfReport()
-    # A temporary store lasts until its size's last round (with one round, the sizes'
-    # stores are never on disk together).
-    temporary = {count: contextlib.ExitStack() for count in sizes}
     with contextlib.ExitStack() as every:
-        for stack in temporary.values():
-            every.enter_context(stack)
+        # A size's temporary folder is removed after its last round: with one round,
+        # the sizes' stores are never on disk together.
+        temporary = {count: every.enter_context(contextlib.ExitStack()) for count in sizes}
         folders: dict[int, Path] = {}
         fills: dict[int, Fill | None] = {}
+        for count in sizes:
+            if keep is None:
+                made = tempfile.TemporaryDirectory(prefix="memory-mcp-perf-")
+                folders[count], fills[count] = Path(temporary[count].enter_context(made)), None
+            else:
+                folders[count] = keep / str(count)
+                fills[count] = kept_fill(folders[count])
         for turn in range(rounds):
             for count in sizes:
-                if count not in folders:
-                    if keep is None:
-                        made = tempfile.TemporaryDirectory(prefix="memory-mcp-perf-")
-                        folders[count] = Path(temporary[count].enter_context(made))
-                        fills[count] = None
-                    else:
-                        folders[count] = keep / str(count)
-                        fills[count] = kept_fill(folders[count])
                 point, fills[count] = await _perf_point(
                     count,
                     folders[count],

@@ -664,9 +664,8 @@ class DenseIndex:
         ):
             if self._segments:
                 log.info("vector index of %s: reloading its scopes", self.embedder)
-            for segment in self._segments.values():  # their clusterings can no longer land
-                if segment._clustering is not None:
-                    segment._clustering.stop()
+            for job in self._jobs:  # the clusterings of these scopes can no longer land
+                job.stop()
             self._segments.clear()
             self.position = newest
             return
