@@ -313,14 +313,12 @@ async def _insert(tx: WriteTransaction, draft: Draft, vectors: Vector | None) ->
     """Insert the draft's record; with its whole text's vector only, its other passages
     are due (``Engine.complete_later``)."""
     record = draft.record
-    await tx.insert(record, vectors)
-    if (
+    draft.vectors_due = bool(
         vectors is not None
         and record.embedder
         and len(vectors) < len(split_passages(record.content))
-    ):
-        await tx.mark_vectors_due(record.id)
-        draft.vectors_due = True
+    )
+    await tx.insert(record, vectors, vectors_due=draft.vectors_due)
 
 
 def _history(old: Record, more: Sequence[Record] = ()) -> list[str]:

@@ -456,7 +456,12 @@ class WriteTransaction(Neighbours, Protocol):
 
     async def get(self, record_id: str) -> Record | None: ...
 
-    async def insert(self, record: Record, vectors: Vector | None) -> None: ...
+    async def insert(
+        self, record: Record, vectors: Vector | None, *, vectors_due: bool = False
+    ) -> None:
+        """Insert a new record with its passage vectors; ``vectors_due``: they are its
+        whole text's only, the rest of its passages are due (``mark_vectors_due``)."""
+        ...
 
     async def insert_raw(self, record: Record) -> bool: ...
 

@@ -15,6 +15,12 @@ from memory_mcp.records import Conflict, MergedEntry, Record, merged_text
 from memory_mcp.storage.base import TaskState, Vector
 from memory_mcp.storage.rows import SELECT, conflict_params, finish_params, record_of
 
+# ``to_id`` took ``from_id``'s vectors: it awaits what ``from_id`` awaited (to_id, from_id).
+INHERIT_DUE = (
+    "UPDATE records SET vectors_due = 1 WHERE id = ? AND EXISTS "
+    "(SELECT 1 FROM records o WHERE o.id = ? AND o.vectors_due = 1)"
+)
+
 
 class SharedWrites:
     """The write transaction's methods that read the same on every SQL backend."""
@@ -66,11 +72,7 @@ class SharedWrites:
 
     async def _inherit_due(self, from_id: str, to_id: str) -> None:
         """``to_id`` took ``from_id``'s vectors: what ``from_id`` still awaited, it awaits."""
-        await self._execute(
-            "UPDATE records SET vectors_due = 1 WHERE id = ? AND EXISTS "
-            "(SELECT 1 FROM records o WHERE o.id = ? AND o.vectors_due = 1)",
-            [to_id, from_id],
-        )
+        await self._execute(INHERIT_DUE, [to_id, from_id])
 
     async def fold_into(self, old: Record, new_id: str, entry: MergedEntry, at: str) -> None:
         """Retire ``old`` after its text moved into record ``new_id``'s ``merged_from``."""

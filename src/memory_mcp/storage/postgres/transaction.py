@@ -120,18 +120,25 @@ class Transaction(SharedWrites, Queries):
         seq, live, embedder, vec_rows = rows[0]
         return int(seq), bool(live), embedder, int(vec_rows)
 
-    async def insert(self, record: Record, vectors: Vector | None) -> None:
+    async def insert(
+        self, record: Record, vectors: Vector | None, *, vectors_due: bool = False
+    ) -> None:
         """Insert a new record with its passage vectors (one row per passage)."""
         if vectors is None or not record.embedder:
-            await self._insert(record)
+            await self._insert(record, vectors_due=vectors_due)
         elif record.archived_at is not None or record.replaced_by is not None:
-            await self._insert(record)  # only current records are indexed
+            await self._insert(record, vectors_due=vectors_due)  # only current ones are indexed
             await self._put_vectors(record.id, vectors, record.embedder)
         else:
             matrix = _passages(vectors)
             space = await self._store.space(self, record.embedder, dim=int(matrix.shape[1]))
             assert space is not None  # made when missing, given a dimension
-            await self._insert(record, space=space[0], vectors=[_unit(row) for row in matrix])
+            await self._insert(
+                record,
+                space=space[0],
+                vectors=[_unit(row) for row in matrix],
+                vectors_due=vectors_due,
+            )
 
     async def _insert(
         self,
@@ -140,6 +147,7 @@ class Transaction(SharedWrites, Queries):
         space: int = 0,
         vectors: Sequence[Any] = (),
         unless_known: bool = False,
+        vectors_due: bool = False,
     ) -> bool:
         """Insert a record, its stems for BM25 (``index_text``) and its passage
         ``vectors`` (in vector space ``space``) in one statement; False if
@@ -147,9 +155,9 @@ class Transaction(SharedWrites, Queries):
         length, terms = document_terms(
             indexed_columns(record.content, merged_text(record), record.tags)
         )
-        placeholders = ", ".join(["%s"] * (INSERT_WIDTH + 2))
+        placeholders = ", ".join(["%s"] * (INSERT_WIDTH + 3))
         sql = (
-            f"WITH r AS (INSERT INTO records ({INSERT_COLUMNS}, doc_len, vec_rows) "
+            f"WITH r AS (INSERT INTO records ({INSERT_COLUMNS}, doc_len, vec_rows, vectors_due) "
             f"VALUES ({placeholders}) {'ON CONFLICT (id) DO NOTHING ' if unless_known else ''}"
             "RETURNING seq), "
             "t AS (INSERT INTO record_terms (term, seq, tf, doc_len, owner) "
@@ -163,6 +171,7 @@ class Transaction(SharedWrites, Queries):
             *record_params(record),
             length,
             len(vectors),
+            int(vectors_due),
             length,
             owner,
             list(terms),

@@ -16,11 +16,15 @@ import logging
 import math
 import os
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 import anyio
+
+if TYPE_CHECKING:
+    import aiosqlite
 
 log = logging.getLogger(__name__)
 
@@ -157,6 +161,20 @@ ERRORS = _error_classes("Error")
 
 
 _DRIVERS: dict[str, Driver] = {}
+T = TypeVar("T")
+
+
+async def on_thread(conn: aiosqlite.Connection, routine: Callable[..., T], *args: Any) -> T:
+    """``routine(connection, *args)`` on ``conn``'s own thread, with its sqlite3 connection.
+
+    Each statement sent through aiosqlite is a round trip between the event loop
+    and the connection's thread (25-75 us, more while the model holds both cores);
+    a routine of several statements whose each step needs no ``await`` (a record's
+    insert with its vectors, the end of a write transaction) runs as one. aiosqlite
+    has no public call for this: its queue's ``_execute`` is the one every public
+    method goes through (``tests/storage/test_sqlite_thread.py`` checks it is there).
+    """
+    return cast(T, await conn._execute(lambda: routine(conn._conn, *args)))  # type: ignore[no-untyped-call]
 
 
 async def cached_driver(preference: DriverName) -> Driver:

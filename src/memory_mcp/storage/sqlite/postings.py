@@ -120,8 +120,8 @@ def rows_for(
 
 
 def index_due_sync(conn: sqlite3.Connection) -> None:
-    """Index the queued records on a plain sqlite3 connection (the migration); the
-    store's write transaction does the same on its own (``SqliteStore._index_due``)."""
+    """Index the queued records (the migration, and every write transaction before it
+    commits: ``SqliteStore._commit``)."""
     after = 0
     while due := conn.execute(DUE_SQL, [after]).fetchall():
         conn.executemany(ADD_LIST_SQL, lists_wanted(due))
@@ -129,7 +129,8 @@ def index_due_sync(conn: sqlite3.Connection) -> None:
         conn.executemany(CLEAR_SQL, [(s,) for s in clear])
         conn.executemany(INSERT_SQL, rows)
         after = clear[-1]
-    conn.execute("DELETE FROM postings_due")
+    if after:
+        conn.execute("DELETE FROM postings_due")
 
 
 # Reading -------------------------------------------------------------------------------

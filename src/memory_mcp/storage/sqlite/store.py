@@ -34,7 +34,13 @@ from memory_mcp.storage.base import (
 )
 from memory_mcp.storage.rows import SQLITE
 from memory_mcp.storage.sqlite import postings
-from memory_mcp.storage.sqlite.driver import OPERATIONAL_ERRORS, Driver, DriverName, cached_driver
+from memory_mcp.storage.sqlite.driver import (
+    OPERATIONAL_ERRORS,
+    Driver,
+    DriverName,
+    cached_driver,
+    on_thread,
+)
 from memory_mcp.storage.sqlite.migrations import copy_database, prepare_file
 from memory_mcp.storage.sqlite.queries import Queries
 from memory_mcp.storage.sqlite.sql import (
@@ -46,7 +52,7 @@ from memory_mcp.storage.sqlite.sql import (
 )
 from memory_mcp.storage.sqlite.transaction import Transaction
 from memory_mcp.storage.sqlite.upkeep import UpkeepReads
-from memory_mcp.storage.sqlite.vectors import TABLE_NAME, VectorTables, rowids_of
+from memory_mcp.storage.sqlite.vectors import TABLE_NAME, VectorTables, rowids_of, sweep_retired
 
 if TYPE_CHECKING:
     from memory_mcp.storage.sqlite.dense import DenseIndex
@@ -191,37 +197,24 @@ class SqliteStore(VectorTables, UpkeepReads):
             pending = dict(self._tables)
             try:
                 yield Transaction(self._writer, self)
-                await self._index_due(self._writer)
-                await self._sweep_retired(self._writer)
+                with anyio.CancelScope(shield=True):
+                    await on_thread(self._writer, self._commit)
             except BaseException as exc:
                 with anyio.CancelScope(shield=True):
                     if self._writer.in_transaction:  # SQLite may have rolled back already
                         await self._writer.execute("ROLLBACK")
                 self._tables = pending
-                if isinstance(exc, OPERATIONAL_ERRORS):  # from outside execute (executemany)
+                if isinstance(exc, OPERATIONAL_ERRORS):  # from a routine, or the commit
                     raise storage_error(exc) from exc
                 raise
-            try:
-                with anyio.CancelScope(shield=True):
-                    await self._writer.execute("COMMIT")
-            except OPERATIONAL_ERRORS as exc:
-                with anyio.CancelScope(shield=True):
-                    await self._writer.execute("ROLLBACK")
-                self._tables = pending
-                raise storage_error(exc) from exc
 
-    async def _index_due(self, conn: aiosqlite.Connection) -> None:
-        """Make the postings of the records this transaction queued (``postings``)."""
-        after = 0
-        while due := list(await conn.execute_fetchall(postings.DUE_SQL, [after])):
-            await conn.executemany(postings.ADD_LIST_SQL, postings.lists_wanted(due))
-            lists = postings.list_numbers(await conn.execute_fetchall(postings.LISTS_SQL))
-            clear, rows = postings.rows_for(due, lists)
-            await conn.executemany(postings.CLEAR_SQL, [(s,) for s in clear])
-            await conn.executemany(postings.INSERT_SQL, rows)
-            after = clear[-1]
-        if after:
-            await conn.execute("DELETE FROM postings_due")
+    def _commit(self, conn: sqlite3.Connection) -> None:
+        """End a write transaction on the writer's thread, in one round trip: make the
+        postings of the records it queued (``postings``), delete the vectors its
+        retired records held, and commit."""
+        postings.index_due_sync(conn)
+        sweep_retired(conn, self._table_names(conn))
+        conn.execute("COMMIT")
 
     # Reads ---------------------------------------------------------------------------
 

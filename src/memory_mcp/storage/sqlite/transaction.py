@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Collection, Sequence
-from typing import TYPE_CHECKING, Any
+import sqlite3
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import aiosqlite
 
@@ -18,7 +19,7 @@ from memory_mcp.storage.rows import (
     merged_params,
     texts_params,
 )
-from memory_mcp.storage.sqlite.driver import OPERATIONAL_ERRORS
+from memory_mcp.storage.sqlite.driver import OPERATIONAL_ERRORS, on_thread
 from memory_mcp.storage.sqlite.queries import Queries
 from memory_mcp.storage.sqlite.sql import (
     INSERT,
@@ -26,13 +27,22 @@ from memory_mcp.storage.sqlite.sql import (
     record_params,
     storage_error,
 )
-from memory_mcp.storage.sqlite.vectors import Slot, log_change, rowids_of, to_blob
-from memory_mcp.storage.statements import SharedWrites
+from memory_mcp.storage.sqlite.vectors import (
+    Slot,
+    delete_rows,
+    log_change,
+    rowids_of,
+    slot_of,
+    to_blob,
+    write_rows,
+)
+from memory_mcp.storage.statements import INHERIT_DUE, SharedWrites
 
 if TYPE_CHECKING:
     from memory_mcp.storage.sqlite.store import SqliteStore
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class Transaction(SharedWrites, Queries):
@@ -69,76 +79,54 @@ class Transaction(SharedWrites, Queries):
 
     async def log_change(self, embedder: str, seq: int) -> None:
         """Note that record ``seq``'s vectors changed (``vectors.log_change``)."""
-        await log_change(self._conn, embedder, seq)
+        await on_thread(self._conn, log_change, embedder, seq)
 
-    async def _slot(self, record_id: str) -> Slot | None:
-        rows = await self.fetch(
-            "SELECT seq, scope_key, corpus, kind, live, embedder, vec_rows FROM records "
-            "WHERE id = ?",
-            [record_id],
-        )
-        return Slot(*rows[0]) if rows else None
+    async def _on_thread(self, routine: Callable[..., tuple[int | None, T]], *args: Any) -> T:
+        """Run a routine of this module on the writer's thread (``driver.on_thread``) with
+        the vec0 tables it may delete from; it returns the ``seq`` of the record whose
+        vectors it changed (if any) and its result."""
+        store = self._store
 
-    async def insert(self, record: Record, vectors: Vector | None) -> None:
-        """Insert a new record with its passage vectors (one row per passage)."""
-        await self.execute(INSERT, record_params(record))
-        if vectors is not None and record.embedder:
-            await self._put_vectors(record.id, vectors, record.embedder)
+        def run(conn: sqlite3.Connection) -> tuple[int | None, T]:
+            return routine(conn, store._table_names(conn), *args)
 
-    async def _put_vectors(self, record_id: str, vectors: Vector, embedder: str) -> bool:
-        """Make ``vectors`` the record's passage vectors; False if it is not current."""
+        seq, result = await on_thread(self._conn, run)
+        if seq is not None:
+            self._touched.add(seq)
+        return result
+
+    async def insert(
+        self, record: Record, vectors: Vector | None, *, vectors_due: bool = False
+    ) -> None:
+        """Insert a new record with its passage vectors (one row per passage), in one
+        round trip to the writer's thread."""
+        rows = None
+        if vectors is not None and record.embedder and record.current:  # only current ones
+            table, blobs = await self._blobs(vectors, record.embedder)
+            rows = (table, record.embedder, blobs)
+        await self._on_thread(_insert, record_params(record), rows, vectors_due)
+
+    async def _blobs(self, vectors: Vector, embedder: str) -> tuple[str, list[bytes]]:
+        """The vec0 table for ``embedder``'s vectors (made if new), and the record's rows."""
         import numpy as np
 
-        slot = await self._slot(record_id)
-        if slot is None:
-            return False
-        if slot.embedder and slot.vec_rows:
-            await self._store._delete_vectors(self._conn, slot.embedder, slot.seq, slot.vec_rows)
-            self._touched.add(slot.seq)
-        if not slot.live:
-            return False  # only current records are indexed
         matrix = np.atleast_2d(vectors)[:MAX_PASSAGES]
         table = await self._store._vector_table(self._conn, embedder, dim=int(matrix.shape[1]))
         assert table is not None
-        await self._write_vectors(table, embedder, slot, 0, [to_blob(row) for row in matrix])
-        return True
+        return table, [to_blob(row) for row in matrix]
 
-    async def _write_vectors(
-        self, table: str, embedder: str, slot: Slot, start: int, blobs: Sequence[bytes]
-    ) -> None:
-        """Write passage vectors ``start``.. of a record; it then owns ``start + len`` rows."""
-        rowids = rowids_of(slot.seq, len(blobs), start=start)
-        self._touched.add(slot.seq)
-        await log_change(self._conn, embedder, slot.seq)
-        await self._conn.executemany(
-            f"INSERT INTO {table} (rowid, scope_key, corpus, kind, embedding) "
-            "VALUES (?, ?, ?, ?, ?)",
-            [(rowid, *slot.partition, blob) for rowid, blob in zip(rowids, blobs, strict=True)],
-        )
-        await self.execute(
-            "UPDATE records SET embedder = ?, vec_rows = ? WHERE seq = ?",
-            [embedder, start + len(blobs), slot.seq],
-        )
+    async def _put_vectors(self, record_id: str, vectors: Vector, embedder: str) -> bool:
+        """Make ``vectors`` the record's passage vectors; False if it is not current."""
+        table, blobs = await self._blobs(vectors, embedder)
+        return await self._on_thread(_put, record_id, table, embedder, blobs)
 
     async def carry_vectors(self, from_id: str, to_id: str, embedder: str) -> int:
         """Append ``from_id``'s passage vectors to ``to_id``'s (a fold keeps both findable);
         a record without vectors takes them (an exact repeat, which is not embedded)."""
         table = await self._store._vector_table(self._conn, embedder)
-        source, target = await self._slot(from_id), await self._slot(to_id)
-        if table is None or source is None or target is None or not target.live:
+        if table is None:
             return 0
-        if source.embedder != embedder or target.embedder not in (None, embedder):
-            return 0
-        await self._inherit_due(from_id, to_id)
-        free = MAX_PASSAGES - target.vec_rows
-        rows = await self.fetch(
-            f"SELECT v.embedding FROM json_each(?) j JOIN {table} v ON v.rowid = j.value "
-            "ORDER BY j.key",
-            [json.dumps(rowids_of(source.seq, min(source.vec_rows, free)))],
-        )
-        blobs = [bytes(row[0]) for row in rows]
-        await self._write_vectors(table, embedder, target, target.vec_rows, blobs)
-        return len(blobs)
+        return await self._on_thread(_carry, from_id, to_id, table, embedder)
 
     async def add_conflict(
         self, scope_key: str, record_id: str, other_id: str, reason: str, at: str
@@ -195,14 +183,7 @@ class Transaction(SharedWrites, Queries):
 
     async def drop_vectors(self, record_id: str) -> None:
         """Remove a record's vectors: it awaits embedding again (re-embed redoes them)."""
-        slot = await self._slot(record_id)
-        if slot is None or not slot.embedder or not slot.vec_rows:
-            return
-        await self._store._delete_vectors(self._conn, slot.embedder, slot.seq, slot.vec_rows)
-        self._touched.add(slot.seq)
-        await self.execute(
-            "UPDATE records SET embedder = NULL, vec_rows = 0 WHERE seq = ?", [slot.seq]
-        )
+        await self._on_thread(_drop, record_id)
 
     async def restore(self, record_id: str, at: str) -> Record | None:
         """Make an archived record current again, exactly as it was; None if not archived.
@@ -302,3 +283,89 @@ class Transaction(SharedWrites, Queries):
             [holder, until, None if cursor is None else json.dumps(cursor), task, holder, now],
         )
         return changed > 0
+
+
+# Routines run on the writer's thread (``Transaction._on_thread``): each takes the
+# connection and the vec0 tables, and returns the seq of the record whose vectors
+# it changed (if any) with its result.
+
+
+def _insert(
+    conn: sqlite3.Connection,
+    tables: Mapping[str, str],
+    params: Sequence[Any],
+    rows: tuple[str, str, list[bytes]] | None,
+    vectors_due: bool,
+) -> tuple[int | None, None]:
+    """Insert a record (``INSERT``'s parameters), with its vectors (table, embedder, rows)."""
+    seq = conn.execute(INSERT, params).lastrowid
+    assert seq is not None
+    if vectors_due:
+        conn.execute("UPDATE records SET vectors_due = 1 WHERE seq = ?", [seq])
+    if rows is None:
+        return None, None
+    table, embedder, blobs = rows
+    write_rows(conn, table, embedder, Slot(seq, *_partition(params), 1, None, 0), 0, blobs)
+    return seq, None
+
+
+def _partition(params: Sequence[Any]) -> tuple[str, str, str]:
+    """(scope_key, corpus, kind) of a record from ``INSERT``'s parameters."""
+    return params[4], params[1], params[2]
+
+
+def _put(
+    conn: sqlite3.Connection,
+    tables: Mapping[str, str],
+    record_id: str,
+    table: str,
+    embedder: str,
+    blobs: list[bytes],
+) -> tuple[int | None, bool]:
+    """Make ``blobs`` the record's passage vectors; False if it is not current."""
+    slot = slot_of(conn, record_id)
+    if slot is None:
+        return None, False
+    if slot.embedder and slot.vec_rows:
+        delete_rows(conn, tables, slot.embedder, slot.seq, slot.vec_rows)
+    if not slot.live:
+        return slot.seq, False  # only current records are indexed
+    write_rows(conn, table, embedder, slot, 0, blobs)
+    return slot.seq, True
+
+
+def _carry(
+    conn: sqlite3.Connection,
+    tables: Mapping[str, str],
+    from_id: str,
+    to_id: str,
+    table: str,
+    embedder: str,
+) -> tuple[int | None, int]:
+    """Append ``from_id``'s passage vectors to ``to_id``'s; how many."""
+    source, target = slot_of(conn, from_id), slot_of(conn, to_id)
+    if source is None or target is None or not target.live:
+        return None, 0
+    if source.embedder != embedder or target.embedder not in (None, embedder):
+        return None, 0
+    conn.execute(INHERIT_DUE, [to_id, from_id])
+    wanted = rowids_of(source.seq, min(source.vec_rows, MAX_PASSAGES - target.vec_rows))
+    rows = conn.execute(
+        f"SELECT j.value, v.embedding FROM json_each(?) j JOIN {table} v ON v.rowid = j.value "
+        "ORDER BY j.key",
+        [json.dumps(wanted)],
+    ).fetchall()
+    write_rows(conn, table, embedder, target, target.vec_rows, [bytes(b) for _, b in rows])
+    return target.seq, len(rows)
+
+
+def _drop(
+    conn: sqlite3.Connection, tables: Mapping[str, str], record_id: str
+) -> tuple[int | None, None]:
+    """Remove a record's vectors (it awaits embedding again)."""
+    slot = slot_of(conn, record_id)
+    if slot is None or not slot.embedder or not slot.vec_rows:
+        return None, None
+    delete_rows(conn, tables, slot.embedder, slot.seq, slot.vec_rows)
+    conn.execute("UPDATE records SET embedder = NULL, vec_rows = 0 WHERE seq = ?", [slot.seq])
+    return slot.seq, None

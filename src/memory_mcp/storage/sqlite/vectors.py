@@ -12,7 +12,8 @@ from __future__ import annotations
 import functools
 import logging
 import re
-from collections.abc import AsyncIterator, Collection, Sequence
+import sqlite3
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,16 +77,75 @@ class Slot:
 TABLE_NAME = re.compile(r"^vec_[0-9]+$")
 
 
-async def log_change(conn: aiosqlite.Connection, embedder: str, seq: int) -> None:
+# The routines below run on a connection's own thread (``driver.on_thread``), several
+# statements in one round trip, inside the caller's write transaction.
+
+TABLE_SQL = "SELECT table_name, dim FROM vector_indexes WHERE embedder = ?"
+SLOT_SQL = "SELECT seq, scope_key, corpus, kind, live, embedder, vec_rows FROM records WHERE id = ?"
+
+
+def slot_of(conn: sqlite3.Connection, record_id: str) -> Slot | None:
+    """Where a record's vectors live (None: no such record)."""
+    row = conn.execute(SLOT_SQL, [record_id]).fetchone()
+    return Slot(*row) if row else None
+
+
+def log_change(conn: sqlite3.Connection, embedder: str, seq: int) -> None:
     """Note that record ``seq``'s vectors changed, for the in-memory copies (``dense``)."""
     from memory_mcp.storage.sqlite.dense import KEEP_CHANGES
 
-    cursor = await conn.execute(
+    cursor = conn.execute(
         "INSERT INTO vector_changes (embedder, seq) VALUES (?, ?)", [embedder, seq]
     )
     last = cursor.lastrowid or 0
     if last % 1000 == 0:
-        await conn.execute("DELETE FROM vector_changes WHERE id <= ?", [last - KEEP_CHANGES])
+        conn.execute("DELETE FROM vector_changes WHERE id <= ?", [last - KEEP_CHANGES])
+
+
+def write_rows(
+    conn: sqlite3.Connection,
+    table: str,
+    embedder: str,
+    slot: Slot,
+    start: int,
+    blobs: Sequence[bytes],
+) -> None:
+    """Write passage vectors ``start``.. of a record; it then owns ``start + len`` rows."""
+    rowids = rowids_of(slot.seq, len(blobs), start=start)
+    log_change(conn, embedder, slot.seq)
+    conn.executemany(
+        f"INSERT INTO {table} (rowid, scope_key, corpus, kind, embedding) VALUES (?, ?, ?, ?, ?)",
+        [(rowid, *slot.partition, blob) for rowid, blob in zip(rowids, blobs, strict=True)],
+    )
+    conn.execute(
+        "UPDATE records SET embedder = ?, vec_rows = ? WHERE seq = ?",
+        [embedder, start + len(blobs), slot.seq],
+    )
+
+
+def delete_rows(
+    conn: sqlite3.Connection, tables: Mapping[str, str], embedder: str, seq: int, count: int
+) -> None:
+    """Delete a record's passage vectors, one rowid at a time (vec0's only fast delete).
+
+    ``tables``: the vec0 table of each embedder whose vectors can be read (none
+    when sqlite-vec is not loaded: the rows are then left alone).
+    """
+    table = tables.get(embedder)
+    if table is None or count <= 0:
+        return
+    conn.executemany(f"DELETE FROM {table} WHERE rowid = ?", [(r,) for r in rowids_of(seq, count)])
+    log_change(conn, embedder, seq)
+
+
+def sweep_retired(conn: sqlite3.Connection, tables: Mapping[str, str]) -> None:
+    """Delete the vectors the retire triggers queued in this transaction."""
+    queued = conn.execute("SELECT seq, embedder, vec_rows FROM retired_vectors").fetchall()
+    if not queued:
+        return
+    for seq, embedder, count in queued:
+        delete_rows(conn, tables, str(embedder), int(seq), int(count))
+    conn.execute("DELETE FROM retired_vectors")
 
 
 class VectorTables:
@@ -228,28 +288,13 @@ class VectorTables:
         async with index.lock:
             return index.vectors_of(rowids)
 
-    async def _delete_vectors(
-        self, conn: aiosqlite.Connection, embedder: str, seq: int, count: int
-    ) -> None:
-        """Delete a record's passage vectors, one rowid at a time (vec0's only fast delete)."""
-        table = await self._vector_table(conn, embedder)
-        if table is None or count <= 0:
-            return
-        await conn.executemany(
-            f"DELETE FROM {table} WHERE rowid = ?", [(r,) for r in rowids_of(seq, count)]
-        )
-        await log_change(conn, embedder, seq)
-
-    async def _sweep_retired(self, conn: aiosqlite.Connection) -> None:
-        """Delete the vectors the retire triggers queued in this transaction."""
-        queued = list(
-            await conn.execute_fetchall("SELECT seq, embedder, vec_rows FROM retired_vectors")
-        )
-        if not queued:
-            return
-        for seq, embedder, count in queued:
-            await self._delete_vectors(conn, str(embedder), int(seq), int(count))
-        await conn.execute("DELETE FROM retired_vectors")
+    def _table_names(self, conn: sqlite3.Connection) -> dict[str, str]:
+        """Every embedder's vec0 table (on the connection's thread), none without sqlite-vec:
+        what ``delete_rows`` deletes from."""
+        if not self.driver.vectors:
+            return {}
+        rows = conn.execute("SELECT embedder, table_name FROM vector_indexes").fetchall()
+        return {str(embedder): str(table) for embedder, table in rows if TABLE_NAME.match(table)}
 
     async def _vector_table(
         self, conn: aiosqlite.Connection, embedder: str, *, dim: int | None = None
@@ -260,11 +305,7 @@ class VectorTables:
         cached = self._tables.get(embedder)
         if cached is not None:
             return cached
-        rows = list(
-            await conn.execute_fetchall(
-                "SELECT table_name, dim FROM vector_indexes WHERE embedder = ?", [embedder]
-            )
-        )
+        rows = list(await conn.execute_fetchall(TABLE_SQL, [embedder]))
         if rows:
             table, existing_dim = str(rows[0][0]), int(rows[0][1])
             if dim is not None and dim != existing_dim:

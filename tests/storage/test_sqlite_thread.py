@@ -1,0 +1,123 @@
+"""A write's steps run on the writer's thread in few round trips, and fail as one."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import aiosqlite
+import numpy as np
+import pytest
+
+from helpers.records import fact, unit
+from memory_mcp.errors import StorageError
+from memory_mcp.storage.base import Filters
+from memory_mcp.storage.sqlite import SqliteStore, postings
+from memory_mcp.storage.sqlite.driver import on_thread
+
+pytestmark = [pytest.mark.anyio, pytest.mark.sqlite_only]
+
+FILTERS = Filters(scope_keys=("/repo",), corpora=("facts",))
+
+
+@contextmanager
+def round_trips(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """What is sent to any aiosqlite connection's thread meanwhile, one entry per trip."""
+    sent: list[str] = []
+    real = aiosqlite.Connection._execute
+
+    async def counted(self: aiosqlite.Connection, fn: object, *args: object) -> object:
+        sent.append(str(args[0]) if args and isinstance(args[0], str) else "routine")
+        return await real(self, fn, *args)  # type: ignore[no-untyped-call]
+
+    with monkeypatch.context() as patch:
+        patch.setattr(aiosqlite.Connection, "_execute", counted)
+        yield sent
+
+
+async def test_a_routine_runs_on_the_connections_own_thread(tmp_path: Path) -> None:
+    """aiosqlite's queue (``_execute``) is private: this fails first if an upgrade drops it."""
+    store = await SqliteStore.open(tmp_path / "m.db")
+    try:
+
+        def seen(conn: sqlite3.Connection, extra: int) -> tuple[int, bool]:
+            import threading
+
+            row = conn.execute("SELECT count(*) + ? FROM records", [extra]).fetchone()
+            return int(row[0]), threading.current_thread() is store._writer._thread
+
+        assert await on_thread(store._writer, seen, 2) == (2, True)
+    finally:
+        await store.close()
+
+
+async def test_an_insert_with_its_vectors_and_the_commit_are_one_trip_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = await SqliteStore.open(tmp_path / "m.db")
+    try:
+        first = fact("the vector table is made by the first insert", embedder="m")
+        async with store.write() as tx:
+            await tx.insert(first, unit(1, 0, 0)[None, :])
+        record = fact("the deploy script lives in ops/deploy.sh", embedder="m")
+        with round_trips(monkeypatch) as sent:
+            async with store.write() as tx:
+                await tx.insert(record, np.stack([unit(0, 1, 0), unit(0, 1, 1)]), vectors_due=True)
+        assert sent == ["BEGIN IMMEDIATE", "routine", "routine"]
+        rows = await store.reads.fetch(
+            "SELECT embedder, vec_rows, vectors_due FROM records WHERE id = ?", [record.id]
+        )
+        assert rows == [("m", 2, 1)]
+        hits = await store.nearest(unit(0, 1, 0), "m", FILTERS, 1)
+        assert [h.record.id for h in hits] == [record.id]
+        assert [s.record.id for s in await store.lexical("deploy script", FILTERS, 5)] == [
+            record.id
+        ]
+    finally:
+        await store.close()
+
+
+async def test_a_failure_while_committing_leaves_nothing_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The end of a transaction (postings, retired vectors, COMMIT) is one routine: a
+    failure in it rolls back all of the transaction, and the store goes on."""
+    store = await SqliteStore.open(tmp_path / "m.db")
+    real = postings.index_due_sync
+
+    def half_then_fail(conn: sqlite3.Connection) -> None:
+        real(conn)  # the postings are written, then the disk fills
+        raise sqlite3.OperationalError("database or disk is full")
+
+    try:
+        kept = fact("the cache is warmed at start", embedder="m")
+        async with store.write() as tx:
+            await tx.insert(kept, unit(1, 0, 0)[None, :])
+        lost = fact("the queue drains every night", embedder="m")
+        monkeypatch.setattr(postings, "index_due_sync", half_then_fail)
+
+        async def insert_and_archive() -> None:
+            async with store.write() as tx:
+                await tx.insert(lost, unit(0, 1, 0)[None, :])
+                await tx.archive(kept.id, "test", "2026-01-01T00:00:00.000000Z")
+
+        with pytest.raises(StorageError, match="disk is full"):
+            await insert_and_archive()
+        monkeypatch.setattr(postings, "index_due_sync", real)
+
+        assert await store.get(lost.id) is None
+        assert (await store.get(kept.id)).current  # type: ignore[union-attr]
+        assert await store.lexical("queue drains", FILTERS, 5) == []
+        counts = await store.reads.fetch(
+            "SELECT (SELECT count(*) FROM postings_due), (SELECT count(*) FROM retired_vectors)"
+        )
+        assert counts == [(0, 0)]
+        hits = await store.nearest(unit(1, 0, 0), "m", FILTERS, 5)
+        assert [h.record.id for h in hits] == [kept.id]
+        async with store.write() as tx:  # still usable
+            await tx.insert(lost, unit(0, 1, 0)[None, :])
+        assert [s.record.id for s in await store.lexical("queue drains", FILTERS, 5)] == [lost.id]
+    finally:
+        await store.close()
