@@ -257,3 +257,21 @@ def test_codes_stay_in_memory_where_a_file_cannot_be_mapped(
     segment = _Segment(24, tmp_path)
     _fill(segment, vectors, first_seq=1)
     assert not segment.codes.in_file
+
+
+@pytest.mark.parametrize("lookups_most", [1024, 0])  # a dict of the tail, or np.isin
+def test_find_follows_the_rows_appended_since_the_sort(
+    monkeypatch: pytest.MonkeyPatch, lookups_most: int
+) -> None:
+    monkeypatch.setattr(dense, "_LOOKUPS_MOST", lookups_most)
+    segment = _Segment(8)
+    segment.append(*_rows([64, 65, 128]))
+    assert len(segment.find(np.array([64]))) == 1  # sorted: the tail starts empty
+    segment.append(*_rows([192, 256]))
+    assert sorted(segment.rowid[segment.find(np.array([192, 65, 7]))].tolist()) == [65, 192]
+    segment.drop(np.array([3]))  # rowid 192, in the tail
+    assert segment.find(np.array([192])).tolist() == []
+    segment.append(*_rows([193, 192]))  # written again, further on
+    found = segment.find(np.array([192, 193, 256]))
+    assert sorted(segment.rowid[found].tolist()) == [192, 193, 256]
+    assert (found >= 5).sum() == 2  # the new rows of 192 and 193, not the dropped one

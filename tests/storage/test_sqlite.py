@@ -526,3 +526,90 @@ async def test_closing_the_store_stops_a_clustering_that_is_still_running(
     finally:
         if not closed:
             await store.close()
+
+
+def held(store: SqliteStore) -> dict[int, tuple[str, int, int, bytes]]:
+    """What a store's copy of the "m" vectors holds: each live row's scope, corpus and
+    kind codes, and its int8 codes."""
+    index = next(iter(store._copies.values()))
+    names = {code: name for name, code in index._codes.items()}
+    rows: dict[int, tuple[str, int, int, bytes]] = {}
+    for key, segment in index._segments.items():
+        live = np.flatnonzero(segment.rowid[: segment.size] >= 0)
+        codes = segment.codes.take(live)
+        for i, position in enumerate(live.tolist()):
+            rows[int(segment.rowid[position])] = (
+                key,
+                names[int(segment.corpus[position])],
+                names[int(segment.kind[position])],
+                codes[i].tobytes(),
+            )
+    return rows
+
+
+async def test_a_copy_takes_its_own_writes_without_reading_them_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a commit the store's copy takes what its transaction wrote and deleted
+    (``vectors.Journal``): the same rows a copy loaded afresh holds, with nothing read
+    back from vec0; a copy that is behind (another process wrote first) reads it back."""
+    store = await SqliteStore.open(tmp_path / "m.db")
+    other = await SqliteStore.open(tmp_path / "m.db")
+    elsewhere = Filters(("/other",), ("facts",))
+    try:
+        a, b, c, d = (fact(t, embedder="m") for t in ("alpha", "beta", "gamma", "delta"))
+        away = fact("epsilon", embedder="m", scope_key="/other")
+        async with store.write() as tx:
+            await tx.insert(a, unit(1, 0, 0)[None, :])
+            await tx.insert(b, np.stack([unit(0, 1, 0), unit(0, 1, 1)]))
+            await tx.insert(c, unit(0, 0, 1)[None, :])
+            await tx.insert(d, unit(1, 1, 0)[None, :])
+            await tx.insert(away, unit(1, 0, 1)[None, :])
+        assert await ids_near(store, unit(1, 0, 0)) and await ids_near(
+            store, unit(1, 0, 1), elsewhere
+        )
+
+        async def no_reading_back(*args: object) -> None:
+            raise AssertionError("the copy read its own writes back from vec0")
+
+        monkeypatch.setattr(dense.DenseIndex, "_reread", no_reading_back)
+        e = fact("zeta", embedder="m")
+        async with store.write() as tx:  # every kind of vector write in one transaction
+            await tx.insert(e, np.stack([unit(1, 2, 3), unit(3, 2, 1)]))  # new, 2 passages
+            await tx.set_vectors(
+                [(b, np.stack([unit(2, 1, 0), unit(0, 2, 1), unit(1, 1, 1)]))], "m"
+            )
+            assert await tx.carry_vectors(a.id, d.id, "m") == 1  # a folds into d
+            await tx.fold_into(a, d.id, None, format_time(utcnow()))  # type: ignore[arg-type]
+            await tx.drop_vectors(c.id)  # awaits embedding again
+            await tx.archive(away.id, "forgotten", format_time(utcnow()))
+        journal_rows = held(store)
+        assert (await ids_near(store, unit(1, 2, 3)))[0] == e.id
+        assert await ids_near(store, unit(1, 0, 1), elsewhere) == []
+
+        fresh = await SqliteStore.open(tmp_path / "m.db")
+        try:
+            monkeypatch.undo()
+            await ids_near(fresh, unit(1, 0, 0))
+            await ids_near(fresh, unit(1, 0, 1), elsewhere)
+            assert journal_rows == held(fresh)
+        finally:
+            await fresh.close()
+        assert {r // dense.MAX_PASSAGES for r in journal_rows} == {
+            int(s)
+            for (s,) in await store.reads.fetch(
+                "SELECT seq FROM records WHERE id IN (?, ?, ?)", [b.id, d.id, e.id]
+            )
+        }
+
+        # Another process commits first: this copy is behind, so it reads back.
+        async with other.write() as tx:
+            await tx.insert(fact("eta", embedder="m"), unit(0, 1, 1)[None, :])
+        f = fact("theta", embedder="m")
+        async with store.write() as tx:
+            await tx.insert(f, unit(5, 1, 7)[None, :])
+        assert (await ids_near(store, unit(5, 1, 7)))[0] == f.id
+        assert len(held(store)) == len(journal_rows) + 2
+    finally:
+        await store.close()
+        await other.close()

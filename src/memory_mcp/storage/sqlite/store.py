@@ -52,7 +52,13 @@ from memory_mcp.storage.sqlite.sql import (
 )
 from memory_mcp.storage.sqlite.transaction import Transaction
 from memory_mcp.storage.sqlite.upkeep import UpkeepReads
-from memory_mcp.storage.sqlite.vectors import TABLE_NAME, VectorTables, rowids_of, sweep_retired
+from memory_mcp.storage.sqlite.vectors import (
+    TABLE_NAME,
+    Journal,
+    VectorTables,
+    rowids_of,
+    sweep_retired,
+)
 
 if TYPE_CHECKING:
     from memory_mcp.storage.sqlite.dense import DenseIndex
@@ -196,9 +202,10 @@ class SqliteStore(VectorTables, UpkeepReads):
                 raise storage_error(exc) from exc
             pending = dict(self._tables)
             try:
-                yield Transaction(self._writer, self)
+                tx = Transaction(self._writer, self)
+                yield tx
                 with anyio.CancelScope(shield=True):
-                    await on_thread(self._writer, self._commit)
+                    await on_thread(self._writer, self._commit, tx.journal)
             except BaseException as exc:
                 with anyio.CancelScope(shield=True):
                     if self._writer.in_transaction:  # SQLite may have rolled back already
@@ -207,13 +214,14 @@ class SqliteStore(VectorTables, UpkeepReads):
                 if isinstance(exc, OPERATIONAL_ERRORS):  # from a routine, or the commit
                     raise storage_error(exc) from exc
                 raise
+            self._apply_written(tx.journal)
 
-    def _commit(self, conn: sqlite3.Connection) -> None:
+    def _commit(self, conn: sqlite3.Connection, journal: Journal) -> None:
         """End a write transaction on the writer's thread, in one round trip: make the
         postings of the records it queued (``postings``), delete the vectors its
         retired records held, and commit."""
         postings.index_due_sync(conn)
-        sweep_retired(conn, self._table_names(conn))
+        sweep_retired(conn, journal, lambda: self._table_names(conn))
         conn.execute("COMMIT")
 
     # Reads ---------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from memory_mcp.storage.sqlite.sql import (
     storage_error,
 )
 from memory_mcp.storage.sqlite.vectors import (
+    Journal,
     Slot,
     delete_rows,
     log_change,
@@ -54,6 +55,7 @@ class Transaction(SharedWrites, Queries):
         super().__init__(conn, store)
         self._touched: set[int] = set()  # records whose vectors this transaction changed
         self._changes_at_start = conn.total_changes
+        self.journal = Journal()  # what it did to vector rows (``vectors.Journal``)
 
     def _own_writes(self) -> Collection[int]:
         return self._touched
@@ -78,17 +80,20 @@ class Transaction(SharedWrites, Queries):
         await self._conn.executemany(sql, rows)
 
     async def log_change(self, embedder: str, seq: int) -> None:
-        """Note that record ``seq``'s vectors changed (``vectors.log_change``)."""
+        """Note that record ``seq``'s vectors changed (``vectors.log_change``): the copies
+        read them back (the journal cannot say what changed)."""
+        self.journal.followed = False
         await on_thread(self._conn, log_change, embedder, seq)
 
     async def _on_thread(self, routine: Callable[..., tuple[int | None, T]], *args: Any) -> T:
         """Run a routine of this module on the writer's thread (``driver.on_thread``) with
-        the vec0 tables it may delete from; it returns the ``seq`` of the record whose
-        vectors it changed (if any) and its result."""
-        store = self._store
+        the transaction's journal and the vec0 tables it may delete from (read when it
+        does: ``VectorTables._table_names``); it returns the
+        ``seq`` of the record whose vectors it changed (if any) and its result."""
+        store, journal = self._store, self.journal
 
         def run(conn: sqlite3.Connection) -> tuple[int | None, T]:
-            return routine(conn, store._table_names(conn), *args)
+            return routine(conn, journal, lambda: store._table_names(conn), *args)
 
         seq, result = await on_thread(self._conn, run)
         if seq is not None:
@@ -286,13 +291,14 @@ class Transaction(SharedWrites, Queries):
 
 
 # Routines run on the writer's thread (``Transaction._on_thread``): each takes the
-# connection and the vec0 tables, and returns the seq of the record whose vectors
-# it changed (if any) with its result.
+# connection, the transaction's journal and the vec0 tables, and returns the seq of
+# the record whose vectors it changed (if any) with its result.
 
 
 def _insert(
     conn: sqlite3.Connection,
-    tables: Mapping[str, str],
+    journal: Journal,
+    tables: Callable[[], Mapping[str, str]],
     params: Sequence[Any],
     rows: tuple[str, str, list[bytes]] | None,
     vectors_due: bool,
@@ -305,7 +311,7 @@ def _insert(
     if rows is None:
         return None, None
     table, embedder, blobs = rows
-    write_rows(conn, table, embedder, Slot(seq, *_partition(params), 1, None, 0), 0, blobs)
+    write_rows(conn, journal, table, embedder, Slot(seq, *_partition(params), 1, None, 0), 0, blobs)
     return seq, None
 
 
@@ -316,7 +322,8 @@ def _partition(params: Sequence[Any]) -> tuple[str, str, str]:
 
 def _put(
     conn: sqlite3.Connection,
-    tables: Mapping[str, str],
+    journal: Journal,
+    tables: Callable[[], Mapping[str, str]],
     record_id: str,
     table: str,
     embedder: str,
@@ -327,16 +334,17 @@ def _put(
     if slot is None:
         return None, False
     if slot.embedder and slot.vec_rows:
-        delete_rows(conn, tables, slot.embedder, slot.seq, slot.vec_rows)
+        delete_rows(conn, journal, tables(), slot.embedder, slot.seq, slot.vec_rows)
     if not slot.live:
         return slot.seq, False  # only current records are indexed
-    write_rows(conn, table, embedder, slot, 0, blobs)
+    write_rows(conn, journal, table, embedder, slot, 0, blobs)
     return slot.seq, True
 
 
 def _carry(
     conn: sqlite3.Connection,
-    tables: Mapping[str, str],
+    journal: Journal,
+    tables: Callable[[], Mapping[str, str]],
     from_id: str,
     to_id: str,
     table: str,
@@ -355,17 +363,21 @@ def _carry(
         "ORDER BY j.key",
         [json.dumps(wanted)],
     ).fetchall()
-    write_rows(conn, table, embedder, target, target.vec_rows, [bytes(b) for _, b in rows])
+    blobs = [bytes(b) for _, b in rows]
+    write_rows(conn, journal, table, embedder, target, target.vec_rows, blobs)
     return target.seq, len(rows)
 
 
 def _drop(
-    conn: sqlite3.Connection, tables: Mapping[str, str], record_id: str
+    conn: sqlite3.Connection,
+    journal: Journal,
+    tables: Callable[[], Mapping[str, str]],
+    record_id: str,
 ) -> tuple[int | None, None]:
     """Remove a record's vectors (it awaits embedding again)."""
     slot = slot_of(conn, record_id)
     if slot is None or not slot.embedder or not slot.vec_rows:
         return None, None
-    delete_rows(conn, tables, slot.embedder, slot.seq, slot.vec_rows)
+    delete_rows(conn, journal, tables(), slot.embedder, slot.seq, slot.vec_rows)
     conn.execute("UPDATE records SET embedder = NULL, vec_rows = 0 WHERE seq = ?", [slot.seq])
     return slot.seq, None
