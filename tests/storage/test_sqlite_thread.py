@@ -121,3 +121,40 @@ async def test_a_failure_while_committing_leaves_nothing_behind(
         assert [s.record.id for s in await store.lexical("queue drains", FILTERS, 5)] == [lost.id]
     finally:
         await store.close()
+
+
+async def test_the_wal_is_checkpointed_in_the_background_not_at_commits(tmp_path: Path) -> None:
+    """The writer does not checkpoint at its commits (SQLite's own checkpoint, every
+    1,000 pages, waited for the disk inside a store); every ``_CHECKPOINT_EVERY``th
+    commit starts one on a connection of its own, and closing checkpoints the rest."""
+    from memory_mcp.storage.sqlite import store as store_module
+
+    path = tmp_path / "m.db"
+    store = await SqliteStore.open(path)
+    other = sqlite3.connect(path)  # another process's connection: no checkpoint at last close
+    try:
+        assert await store._writer.execute_fetchall("PRAGMA wal_autocheckpoint") == [(0,)]
+
+        async def commit(n: int) -> None:
+            async with store.write() as tx:
+                await tx.insert(fact(f"note {n}: " + "words " * 2000), None)
+
+        for n in range(store_module._CHECKPOINT_EVERY - 1):
+            await commit(n)
+        assert store._checkpointing is None
+        before = path.stat().st_size
+        await commit(99)  # the eighth: a checkpoint starts, the commit does not wait for it
+        assert store._checkpointing is not None
+        await store._checkpointing
+        checkpointed = path.stat().st_size
+        assert checkpointed > before  # the pages went from the WAL into the database
+
+        await commit(100)
+        await commit(101)
+    finally:
+        await store.close()
+    assert path.stat().st_size > checkpointed  # close checkpointed the last two commits
+    assert other.execute("SELECT count(*) FROM records").fetchone() == (
+        store_module._CHECKPOINT_EVERY + 2,
+    )
+    other.close()

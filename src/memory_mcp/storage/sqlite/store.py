@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import getpass
 import logging
 import math
@@ -79,6 +80,7 @@ _NO_TEAM = (
     "a SQLite file has no database users of its own: team mode runs on Postgres "
     '(storage.url = "postgresql://…"; see the README\'s Team mode)'
 )
+_CHECKPOINT_EVERY = 8  # commits between two checkpoints of the WAL (``_committed``)
 _COUNTS_TTL = 600.0  # seconds a word's record count is reused
 _COUNTS_MAX = 100_000  # words remembered at most
 
@@ -96,6 +98,7 @@ class SqliteStore(VectorTables, UpkeepReads):
         vector_copy: bool = True,
         busy_timeout_ms: int = 15000,
         clock: Callable[[], datetime] = utcnow,
+        connector: Callable[[], sqlite3.Connection] | None = None,
     ) -> None:
         self.path = path
         self.driver = driver
@@ -111,6 +114,12 @@ class SqliteStore(VectorTables, UpkeepReads):
         self._counts: dict[str, tuple[int, float]] = {}  # stem -> (records, when read)
         self._counts_index: bytes | None = None  # FTS5's structure when they were exact
         self._copy_off = "" if vector_copy else "turned off"
+        # The WAL is checkpointed by a connection of its own, in the background
+        # (``_committed``); None: by SQLite, at the writer's commits.
+        self._connector = connector
+        self._commits = 0
+        self._checkpointing: asyncio.Task[None] | None = None
+        self._checkpointer: aiosqlite.Connection | None = None
 
     @classmethod
     async def open(
@@ -140,7 +149,12 @@ class SqliteStore(VectorTables, UpkeepReads):
             conn.execute("PRAGMA synchronous = NORMAL")
             return conn
 
-        writer = await aiosqlite.Connection(connector, iter_chunk_size=256)
+        def writer_connector() -> sqlite3.Connection:
+            conn = connector()
+            conn.execute("PRAGMA wal_autocheckpoint = 0")  # in the background instead
+            return conn
+
+        writer = await aiosqlite.Connection(writer_connector, iter_chunk_size=256)
         reader = await aiosqlite.Connection(connector, iter_chunk_size=256)
         return cls(
             path,
@@ -150,6 +164,7 @@ class SqliteStore(VectorTables, UpkeepReads):
             vector_copy=vector_copy,
             busy_timeout_ms=busy_timeout_ms,
             clock=clock,
+            connector=connector,
         )
 
     @property
@@ -189,6 +204,12 @@ class SqliteStore(VectorTables, UpkeepReads):
     async def close(self) -> None:
         with anyio.CancelScope(shield=True):
             await self._stop_clusterings(list(self._copies.values()))
+            if self._checkpointing is not None:
+                await self._checkpointing
+            if self._commits % _CHECKPOINT_EVERY and self._connector is not None:
+                await self._checkpoint()  # what it committed since the last one
+            if self._checkpointer is not None:
+                await self._checkpointer.close()
             await self._writer.close()
             await self._reader.close()
 
@@ -215,6 +236,34 @@ class SqliteStore(VectorTables, UpkeepReads):
                     raise storage_error(exc) from exc
                 raise
             self._apply_written(tx.journal)
+            self._committed()
+
+    def _committed(self) -> None:
+        """Count a commit: every ``_CHECKPOINT_EVERY``th starts a checkpoint of the WAL
+        in the background, unless one is still running.
+
+        The writer does not checkpoint at its commits (``wal_autocheckpoint = 0``):
+        SQLite's own, every 1,000 pages (about 13 stores), copied them into the
+        database and waited for the disk inside a store's commit, the most of a
+        store's p95 (22-24 ms at 50,000 memories, 16.6-18 ms without). A
+        ``PASSIVE`` checkpoint on another connection lets writes and reads go on.
+        """
+        self._commits += 1
+        if self._connector is None or self._commits % _CHECKPOINT_EVERY:
+            return
+        if self._checkpointing is None or self._checkpointing.done():
+            self._checkpointing = asyncio.get_running_loop().create_task(self._checkpoint())
+
+    async def _checkpoint(self) -> None:
+        assert self._connector is not None
+        try:
+            if self._checkpointer is None:
+                self._checkpointer = await aiosqlite.Connection(self._connector, iter_chunk_size=64)
+            await self._checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        except OPERATIONAL_ERRORS as exc:  # busy, or the disk: the next one tries again
+            log.info("checkpoint of %s put off: %s", self.path, exc)
+        except Exception:  # never the writes' concern, nor close's
+            log.warning("checkpoint of %s failed", self.path, exc_info=True)
 
     def _commit(self, conn: sqlite3.Connection, journal: Journal) -> None:
         """End a write transaction on the writer's thread, in one round trip: make the
