@@ -196,3 +196,29 @@ def test_opposites_intervals_and_conversations_are_never_folded(
     old: str, new: str, similarity: float, expected: str
 ) -> None:
     assert action(old, new, similarity) == expected
+
+
+def test_judging_from_the_words_first_decides_as_the_whole_evidence_does() -> None:
+    """``judge`` answers "different subject" from the texts' words alone where it can;
+    over every pair of the coding set, both ways, with and without a cosine, and with
+    thresholds moved, it decides exactly as ``decide(compare(...))``."""
+    import itertools
+    import json
+    from pathlib import Path
+
+    from memory_mcp.fold import judge
+
+    data = Path(__file__).parents[1] / "bench" / "fold-pairs-coding.jsonl"
+    rows = [json.loads(line) for line in data.open()]
+    texts = sorted({t for row in rows for t in (row["a"], row["b"])})[:80]
+    pairs = [(r["a"], r["b"]) for r in rows] + list(itertools.combinations(texts, 2))
+    shortcuts = 0
+    for settings in (FoldSettings(), FoldSettings(lexical_subject=0.2, dense_subject=0.5)):
+        for n, (a, b) in enumerate(pairs):
+            for old, new in ((a, b), (b, a)):
+                for similarity in (None, 0.3, 0.69, 0.7, 0.9):
+                    similarity = None if similarity is None else similarity + (n % 7) / 100
+                    whole = decide(compare(old, new, similarity), settings)
+                    assert judge(old, new, similarity, settings) == whole, (old, new, similarity)
+                    shortcuts += whole.reason == "different subject"
+    assert shortcuts > 1000  # the shortcut is taken, and agrees

@@ -300,8 +300,13 @@ class _Text:
 
 
 @lru_cache(maxsize=4096)
+def _stems(text: str) -> tuple[str, ...]:
+    return tuple(_content_stems(text))
+
+
+@lru_cache(maxsize=4096)
 def _analyse(text: str) -> _Text:
-    stems = tuple(_content_stems(text))
+    stems = _stems(text)
     return _Text(
         stems=stems,
         stem_set=frozenset(stems),
@@ -371,6 +376,20 @@ def compare(old: str, new: str, similarity: float | None = None) -> Evidence:
 class Decision:
     action: FoldAction
     reason: str
+
+
+def judge(old: str, new: str, similarity: float | None, settings: FoldSettings) -> Decision:
+    """``decide(compare(old, new, similarity))``, answered from the two texts' words alone
+    when they are not about the same subject (``decide``'s first test), as most of a
+    new memory's neighbours are not: the rest of the evidence (values, polarity,
+    order) costs 0.05 ms a pair."""
+    a, b = set(_stems(old)), set(_stems(new))
+    union = a | b
+    overlap = len(a & b) / len(union) if union else 1.0
+    close = similarity is not None and similarity >= settings.dense_subject
+    if overlap < settings.lexical_subject and not close:
+        return Decision("insert", "different subject")
+    return decide(compare(old, new, similarity), settings)
 
 
 def decide(ev: Evidence, settings: FoldSettings) -> Decision:

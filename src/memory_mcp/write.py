@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Literal
 
 from memory_mcp.config import FoldSettings, WriteSettings
 from memory_mcp.errors import InvalidInput, SecretRejected
-from memory_mcp.fold import compare, decide
+from memory_mcp.fold import judge
 from memory_mcp.overlap import alongside
 from memory_mcp.passages import split_passages
 from memory_mcp.records import (
@@ -291,7 +291,7 @@ async def apply(
     else:
         candidates = await neighbours(tx, record, vectors, embedder, same_corpus, fold_settings)
     for old, similarity in candidates:
-        decision = decide(compare(old.content, record.content, similarity), fold_settings)
+        decision = judge(old.content, record.content, similarity, fold_settings)
         if decision.action == "fold":
             return await _fold(tx, draft, old, vectors, result, now, decision.reason)
         if decision.action == "supersede":

@@ -158,3 +158,35 @@ async def test_the_wal_is_checkpointed_in_the_background_not_at_commits(tmp_path
         store_module._CHECKPOINT_EVERY + 2,
     )
     other.close()
+
+
+async def test_a_search_on_a_current_copy_is_one_trip(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The copy's freshness check, the ranking and the records' rows go to the reader's
+    thread together; a copy that another process's write left behind catches up first."""
+    store = await SqliteStore.open(tmp_path / "m.db")
+    other = await SqliteStore.open(tmp_path / "m.db")
+    try:
+        a, b = fact("alpha", embedder="m"), fact("beta", embedder="m")
+        async with store.write() as tx:
+            await tx.insert(a, unit(1, 0, 0)[None, :])
+            await tx.insert(b, np.stack([unit(0, 1, 0), unit(0, 1, 1)]))
+        await store.nearest(unit(1, 0, 0), "m", FILTERS, 2)  # loads the scope
+        with round_trips(monkeypatch) as sent:
+            hits = await store.nearest(unit(0, 1, 0), "m", FILTERS, 2)
+            scores = await store.dense_scores(unit(1, 0, 0), "m", [a.id, b.id])
+        assert sent == ["routine", "routine"]
+        assert [h.record.id for h in hits] == [b.id, a.id] and abs(hits[0].score - 1) < 1e-3
+        assert abs(scores[a.id] - 1) < 1e-3 and abs(scores[b.id]) < 1e-3
+
+        c = fact("gamma", embedder="m")
+        async with other.write() as tx:  # another process: this copy is behind
+            await tx.insert(c, unit(0, 0, 1)[None, :])
+        with round_trips(monkeypatch) as sent:
+            hits = await store.nearest(unit(0, 0, 1), "m", FILTERS, 1)
+        assert len(sent) > 1 and [h.record.id for h in hits] == [c.id]
+        assert abs((await store.dense_scores(unit(0, 0, 1), "m", [c.id]))[c.id] - 1) < 1e-3
+    finally:
+        await store.close()
+        await other.close()

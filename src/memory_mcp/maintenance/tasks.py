@@ -12,7 +12,7 @@ from datetime import timedelta
 
 from memory_mcp.engine import EMBED_BATCH
 from memory_mcp.errors import EmbedderError
-from memory_mcp.fold import compare, decide
+from memory_mcp.fold import judge
 from memory_mcp.llm import refine_prompt
 from memory_mcp.maintenance.context import BATCH, TaskReport, TaskRun
 from memory_mcp.records import CORPORA, Record, format_time
@@ -148,7 +148,7 @@ async def _consolidate_one(run: TaskRun, record: Record, identity: str | None) -
     found = await neighbours(run.store, record, vectors, identity, filters, fold_settings)
     for other, similarity in found:
         old, new = sorted((record, other), key=lambda r: (r.created_at, r.id))
-        decision = decide(compare(old.content, new.content, similarity), fold_settings)
+        decision = judge(old.content, new.content, similarity, fold_settings)
         if decision.action == "insert":
             continue
         if await run.store.conflict_between(old.id, new.id):

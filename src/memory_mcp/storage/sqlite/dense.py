@@ -40,6 +40,7 @@ import json
 import logging
 import mmap
 import os
+import sqlite3
 import tempfile
 import threading
 import time
@@ -662,9 +663,18 @@ class DenseIndex:
                     if attempt == _LOAD_ATTEMPTS - 1:
                         raise Moved(str(exc)) from exc
                     await self._catch_up(fetch)
-        self._keep_clustered(scope_keys)
+        self.keep_clustered(scope_keys)
 
-    def _keep_clustered(self, scope_keys: Collection[str]) -> None:
+    def holds(self, scope_keys: Collection[str]) -> bool:
+        """Whether these scopes are loaded."""
+        return all(key in self._segments for key in scope_keys)
+
+    def current(self, conn: sqlite3.Connection) -> bool:
+        """Whether no vector was written since ``position`` (on ``conn``'s thread)."""
+        row = conn.execute("SELECT coalesce(max(id), 0) FROM vector_changes").fetchone()
+        return int(row[0]) == self.position
+
+    def keep_clustered(self, scope_keys: Collection[str]) -> None:
         """Install the clusterings that finished; start those that would pay."""
         for key in scope_keys:
             segment = self._segments.get(key)
@@ -682,7 +692,7 @@ class DenseIndex:
             if job is not None:
                 left = max(0.0, deadline - anyio.current_time())
                 await anyio.to_thread.run_sync(job.thread.join, left)
-        self._keep_clustered(scope_keys)
+        self.keep_clustered(scope_keys)
         return not any(
             s._clustering is not None
             for k in scope_keys

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Collection, Sequence
+import sqlite3
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import aiosqlite
 
@@ -16,13 +17,14 @@ from memory_mcp.records import Record
 from memory_mcp.storage.base import Around, Filters, Scored, Vector
 from memory_mcp.storage.bm25 import TopPlan, deepening, kept_per_walk
 from memory_mcp.storage.sqlite import postings
-from memory_mcp.storage.sqlite.driver import OPERATIONAL_ERRORS
+from memory_mcp.storage.sqlite.driver import OPERATIONAL_ERRORS, on_thread
 from memory_mcp.storage.sqlite.sql import (
     SELECT,
     by_seq_sql,
     filters_sql,
     hash_sql,
     marks,
+    passing_sql,
     record_of,
     slots_sql,
     storage_error,
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
+    from memory_mcp.storage.sqlite.dense import DenseIndex
     from memory_mcp.storage.sqlite.store import SqliteStore
 
 log = logging.getLogger(__name__)
@@ -52,6 +55,59 @@ _RARE_TERMS = 8
 _RARE_POSTINGS = 5_000
 _COUNTS_TTL = 600.0  # seconds a word's record count is reused
 _COUNTS_MAX = 100_000  # words remembered at most
+
+
+R = TypeVar("R")
+
+
+def best_rows(
+    conn: sqlite3.Connection,
+    rowids: npt.NDArray[np.int64],
+    sims: Vector,
+    where: str,
+    params: Sequence[Any],
+    k: int,
+) -> list[tuple[Any, float]]:
+    """The rows of the ``k`` best records among these vector rows that pass the filters
+    (``where``), with their scores, best first (fewer once every row is read): a
+    deepening list of the best rows, on the connection's own thread. Stopping once
+    ``k`` records pass loses nothing: a record's first row in the list is its best
+    passage."""
+    import numpy as np
+
+    depth = max(k * _FIRST_DEPTH, 32)
+    while True:
+        top = np.argpartition(-sims, depth)[:depth] if depth < len(sims) else None
+        chosen = slice(None) if top is None else top
+        best: dict[int, float] = {}
+        for rowid, similarity in zip(rowids[chosen].tolist(), sims[chosen].tolist(), strict=True):
+            seq = owner_of(rowid)
+            best[seq] = max(best.get(seq, -1.0), similarity)
+        passing = conn.execute(passing_sql(best, where), [*best, *params]).fetchall()
+        if len(passing) >= k or top is None:  # the rows of the best k only
+            chosen_seqs = sorted((int(row[0]) for row in passing), key=lambda s: -best[s])[:k]
+            rows = conn.execute(by_seq_sql(chosen_seqs, "1"), chosen_seqs).fetchall()
+            return by_seq(rows, best, k)
+        depth *= 2
+        if depth > _KNN_MAX:  # a selective filter: keep the rows of records that pass it
+            every = conn.execute(f"SELECT r.seq FROM records r WHERE {where}", params)
+            keep = np.isin(rowids // MAX_PASSAGES, np.fromiter((p[0] for p in every), np.int64))
+            rowids, sims = rowids[keep], sims[keep]
+
+
+def by_seq(rows: list[Any], best: dict[int, float], k: int) -> list[tuple[Any, float]]:
+    """The ``k`` best of ``by_seq_sql``'s rows by their records' scores, with them."""
+    rows.sort(key=lambda row: -best[int(row[-1])])
+    return [(row, best[int(row[-1])]) for row in rows[:k]]
+
+
+def best_of(cosines: dict[int, float], id_of: dict[int, str]) -> dict[str, float]:
+    """Each record's best passage cosine, by id, from its rows' (``id_of``: by seq)."""
+    scores: dict[str, float] = {}
+    for rowid, similarity in cosines.items():
+        record_id = id_of[owner_of(rowid)]
+        scores[record_id] = max(scores.get(record_id, -1.0), similarity)
+    return scores
 
 
 class Queries:
@@ -164,6 +220,23 @@ class Queries:
         table = await self._store._vector_table(self._conn, embedder)
         if table is None or not filters.scope_keys:
             return []
+        where, params = filters_sql(filters)
+        if not exact and self._reads_committed():
+
+            def best(conn: sqlite3.Connection, index: DenseIndex) -> list[tuple[Any, float]]:
+                rows: list[tuple[Any, float]] = []
+                for every_row in (False, True):
+                    rowids, sims, every = index.rank(
+                        vector, filters.scope_keys, filters.corpora, filters.kinds, exact=every_row
+                    )
+                    rows = best_rows(conn, rowids, sims, where, params, k)
+                    if len(rows) >= k or every:
+                        break
+                return rows
+
+            found = await self._on_copy(table, filters.scope_keys, best)
+            if found is not None:
+                return [Scored(record_of(row), score) for row, score in found]
         scored: list[Scored] = []
         for every_row in (exact, True):
             ranked = await self._store._rank(table, embedder, vector, filters, exact=every_row)
@@ -183,30 +256,32 @@ class Queries:
         self, rowids: npt.NDArray[np.int64], sims: Vector, filters: Filters, k: int
     ) -> list[Scored]:
         """The ``k`` best records among these rows that pass the filters, best first
-        (fewer once every row is read): a deepening list of the best rows."""
-        import numpy as np
-
+        (``best_rows``, on the connection's thread)."""
         where, params = filters_sql(filters)
-        depth = max(k * _FIRST_DEPTH, 32)
-        while True:
-            top = np.argpartition(-sims, depth)[:depth] if depth < len(sims) else None
-            chosen = slice(None) if top is None else top
-            best: dict[int, float] = {}
-            for rowid, similarity in zip(
-                rowids[chosen].tolist(), sims[chosen].tolist(), strict=True
-            ):
-                seq = owner_of(rowid)
-                best[seq] = max(best.get(seq, -1.0), similarity)
-            scored = await self._records_by_seq(best, filters, k)
-            if len(scored) >= k or top is None:
-                return scored
-            depth *= 2
-            if depth > _KNN_MAX:  # a selective filter: keep the rows of records that pass it
-                passing = await self.fetch(f"SELECT r.seq FROM records r WHERE {where}", params)
-                keep = np.isin(
-                    rowids // MAX_PASSAGES, np.fromiter((p[0] for p in passing), np.int64)
-                )
-                rowids, sims = rowids[keep], sims[keep]
+        try:
+            found = await on_thread(self._conn, best_rows, rowids, sims, where, params, k)
+        except OPERATIONAL_ERRORS as exc:
+            raise storage_error(exc) from exc
+        return [Scored(record_of(row), score) for row, score in found]
+
+    def _reads_committed(self) -> bool:
+        """Whether this reads what is committed only (the reader, not a transaction that
+        wrote vectors): what the in-memory copy holds."""
+        return self._conn is self._store._reader
+
+    async def _on_copy(
+        self,
+        table: str,
+        scope_keys: Collection[str],
+        routine: Callable[[sqlite3.Connection, DenseIndex], R | None],
+    ) -> R | None:
+        """``routine(connection, copy)`` on the reader's thread, in one trip with the check
+        that the copy is current (``VectorTables._on_copy``); None: the copy must catch
+        up or load first, or the routine declined (the caller's other path does it)."""
+        try:
+            return await self._store._on_copy(table, scope_keys, routine)
+        except OPERATIONAL_ERRORS as exc:
+            raise storage_error(exc) from exc
 
     async def _with_own_writes(
         self,
@@ -280,8 +355,7 @@ class Queries:
             return []
         where, params = filters_sql(filters)
         rows = await self.fetch(by_seq_sql(best, where), [*best, *params])
-        rows.sort(key=lambda row: -best[int(row[-1])])
-        return [Scored(record_of(row), best[int(row[-1])]) for row in rows[:k]]
+        return [Scored(record_of(row), score) for row, score in by_seq(rows, best, k)]
 
     async def dense_scores(
         self, vector: Vector, embedder: str, record_ids: Sequence[str]
@@ -290,6 +364,21 @@ class Queries:
         table = await self._store._vector_table(self._conn, embedder)
         if table is None or not record_ids:
             return {}
+        if self._reads_committed():
+
+            def scored(conn: sqlite3.Connection, index: DenseIndex) -> dict[str, float] | None:
+                slots = conn.execute(slots_sql(record_ids), [*record_ids, embedder]).fetchall()
+                if not index.holds({str(key) for *_, key in slots}):
+                    return None  # a scope to load first
+                rowids = [r for seq, _, n, _ in slots for r in rowids_of(int(seq), int(n))]
+                held = index.cosines_of(vector, rowids)
+                if len(held) < len(rowids):
+                    return None  # rows the copy lacks: read from vec0
+                return best_of(held, {int(seq): str(i) for seq, i, *_ in slots})
+
+            fast = await self._on_copy(table, (), scored)
+            if fast is not None:
+                return fast
         slots = await self.fetch(slots_sql(record_ids), [*record_ids, embedder])
         if not slots:
             return {}
@@ -300,12 +389,7 @@ class Queries:
         found = {r: s for r, s in held.items() if owner_of(r) not in own}
         rows = await self._cosines_vec0(table, vector, [r for r in rowids if r not in found])
         found.update(rows)
-        id_of = {int(seq): str(record_id) for seq, record_id, *_ in slots}
-        scores: dict[str, float] = {}
-        for rowid, similarity in found.items():
-            record_id = id_of[owner_of(rowid)]
-            scores[record_id] = max(scores.get(record_id, -1.0), similarity)
-        return scores
+        return best_of(found, {int(seq): str(record_id) for seq, record_id, *_ in slots})
 
     async def in_conversation(
         self, record_ids: Sequence[str], within_seconds: float, embedder: str

@@ -118,6 +118,12 @@ def by_seq_sql(seqs: Collection[int], where: str) -> str:
     )
 
 
+def passing_sql(seqs: Collection[int], where: str) -> str:
+    """Which of the given records (by ``seq``) pass the filters ``where`` (as
+    ``by_seq_sql``, without reading their rows)."""
+    return f"SELECT r.seq FROM records r NOT INDEXED WHERE r.seq IN ({marks(seqs)}) AND {where}"
+
+
 def slots_sql(record_ids: Collection[str]) -> str:
     """Where the vectors of the given records are, by id.
 

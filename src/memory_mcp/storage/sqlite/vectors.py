@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequen
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import aiosqlite
 import anyio
@@ -25,7 +25,7 @@ import anyio
 from memory_mcp.errors import StorageError
 from memory_mcp.passages import MAX_PASSAGES
 from memory_mcp.storage.base import Filters, Vector
-from memory_mcp.storage.sqlite.driver import Driver
+from memory_mcp.storage.sqlite.driver import Driver, on_thread
 
 if TYPE_CHECKING:
     import numpy as np
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from memory_mcp.storage.sqlite.queries import Queries
 
 log = logging.getLogger(__name__)
+R = TypeVar("R")
 
 _STOP_WAIT_S = 10.0  # how long a closing store waits for its clusterings to stop
 
@@ -345,6 +346,28 @@ class VectorTables:
             return np.zeros(0, np.int64), np.zeros((0, 0), np.float32)
         async with index.lock:
             return index.vectors_of(rowids)
+
+    async def _on_copy(
+        self,
+        table: str,
+        scope_keys: Collection[str],
+        routine: Callable[[sqlite3.Connection, DenseIndex], R | None],
+    ) -> R | None:
+        """``routine(connection, copy)`` on the reader's thread, with the in-memory copy of
+        ``table`` locked, if it holds these scopes and is current: checked in the same
+        trip (``DenseIndex.current``), where catching up first (``_ready_copy``) takes a
+        trip of its own, and ranking another. None: no copy, a scope to load, a change
+        to catch up on, or the routine declined."""
+        index = None if self._copy_off else self._copies.get(table)
+        if index is None or not index.holds(scope_keys):
+            return None
+        async with index.lock:
+            index.keep_clustered(scope_keys)
+
+            def run(conn: sqlite3.Connection) -> R | None:
+                return routine(conn, index) if index.current(conn) else None
+
+            return await on_thread(self._reader, run)
 
     def _apply_written(self, journal: Journal) -> None:
         """Give this process's copies what a committed transaction wrote and deleted
