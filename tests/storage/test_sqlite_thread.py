@@ -123,13 +123,14 @@ async def test_a_failure_while_committing_leaves_nothing_behind(
         await store.close()
 
 
-async def test_the_wal_is_checkpointed_in_the_background_not_at_commits(tmp_path: Path) -> None:
+async def test_the_wal_is_checkpointed_after_the_writes_not_inside_them(tmp_path: Path) -> None:
     """The writer does not checkpoint at its commits (SQLite's own checkpoint, every
-    1,000 pages, waited for the disk inside a store); every ``_CHECKPOINT_EVERY``th
-    commit starts one on a connection of its own, and closing checkpoints the rest."""
+    1,000 pages, waited for the disk inside a store); after ``_CHECKPOINT_COMMITS``
+    commits one starts in the background, completes, and the WAL starts over instead
+    of growing; closing checkpoints the rest."""
     from memory_mcp.storage.sqlite import store as store_module
 
-    path = tmp_path / "m.db"
+    path, wal = tmp_path / "m.db", tmp_path / "m.db-wal"
     store = await SqliteStore.open(path)
     other = sqlite3.connect(path)  # another process's connection: no checkpoint at last close
     try:
@@ -139,25 +140,30 @@ async def test_the_wal_is_checkpointed_in_the_background_not_at_commits(tmp_path
             async with store.write() as tx:
                 await tx.insert(fact(f"note {n}: " + "words " * 2000), None)
 
-        for n in range(store_module._CHECKPOINT_EVERY - 1):
+        for n in range(store_module._CHECKPOINT_COMMITS - 1):
             await commit(n)
         assert store._checkpointing is None
-        before = path.stat().st_size
+        before, first_wal = path.stat().st_size, wal.stat().st_size
         await commit(99)  # the eighth: a checkpoint starts, the commit does not wait for it
         assert store._checkpointing is not None
         await store._checkpointing
         checkpointed = path.stat().st_size
         assert checkpointed > before  # the pages went from the WAL into the database
 
-        await commit(100)
-        await commit(101)
+        for n in range(100, 100 + 5 * store_module._CHECKPOINT_COMMITS):
+            await commit(n)  # while the checkpoints run
+        assert wal.stat().st_size <= first_wal * 1.5  # started over, not grown 6 times
+        await commit(1000)
+        await commit(1001)
     finally:
         await store.close()
-    assert path.stat().st_size > checkpointed  # close checkpointed the last two commits
-    assert other.execute("SELECT count(*) FROM records").fetchone() == (
-        store_module._CHECKPOINT_EVERY + 2,
-    )
+    written = 6 * store_module._CHECKPOINT_COMMITS + 2
+    assert other.execute("SELECT count(*) FROM records").fetchone() == (written,)
     other.close()
+    # The database file alone (its WAL ignored) holds them all: close checkpointed.
+    alone = sqlite3.connect(f"file:{path}?immutable=1", uri=True)
+    assert alone.execute("SELECT count(*) FROM records").fetchone() == (written,)
+    alone.close()
 
 
 async def test_a_search_on_a_current_copy_is_one_trip(

@@ -80,7 +80,9 @@ _NO_TEAM = (
     "a SQLite file has no database users of its own: team mode runs on Postgres "
     '(storage.url = "postgresql://…"; see the README\'s Team mode)'
 )
-_CHECKPOINT_EVERY = 8  # commits between two checkpoints of the WAL (``_committed``)
+# Commits, or rows written, between two checkpoints of the WAL (``_committed``).
+_CHECKPOINT_COMMITS = 8
+_CHECKPOINT_CHANGES = 2_000
 _COUNTS_TTL = 600.0  # seconds a word's record count is reused
 _COUNTS_MAX = 100_000  # words remembered at most
 
@@ -98,7 +100,6 @@ class SqliteStore(VectorTables, UpkeepReads):
         vector_copy: bool = True,
         busy_timeout_ms: int = 15000,
         clock: Callable[[], datetime] = utcnow,
-        connector: Callable[[], sqlite3.Connection] | None = None,
     ) -> None:
         self.path = path
         self.driver = driver
@@ -114,12 +115,10 @@ class SqliteStore(VectorTables, UpkeepReads):
         self._counts: dict[str, tuple[int, float]] = {}  # stem -> (records, when read)
         self._counts_index: bytes | None = None  # FTS5's structure when they were exact
         self._copy_off = "" if vector_copy else "turned off"
-        # The WAL is checkpointed by a connection of its own, in the background
-        # (``_committed``); None: by SQLite, at the writer's commits.
-        self._connector = connector
-        self._commits = 0
+        # The WAL is checkpointed after the writes, not inside them (``_committed``).
+        self._commits = 0  # since the last checkpoint
+        self._changes_at_checkpoint = 0
         self._checkpointing: asyncio.Task[None] | None = None
-        self._checkpointer: aiosqlite.Connection | None = None
 
     @classmethod
     async def open(
@@ -151,7 +150,7 @@ class SqliteStore(VectorTables, UpkeepReads):
 
         def writer_connector() -> sqlite3.Connection:
             conn = connector()
-            conn.execute("PRAGMA wal_autocheckpoint = 0")  # in the background instead
+            conn.execute("PRAGMA wal_autocheckpoint = 0")  # after the writes (_committed)
             return conn
 
         writer = await aiosqlite.Connection(writer_connector, iter_chunk_size=256)
@@ -164,7 +163,6 @@ class SqliteStore(VectorTables, UpkeepReads):
             vector_copy=vector_copy,
             busy_timeout_ms=busy_timeout_ms,
             clock=clock,
-            connector=connector,
         )
 
     @property
@@ -206,10 +204,8 @@ class SqliteStore(VectorTables, UpkeepReads):
             await self._stop_clusterings(list(self._copies.values()))
             if self._checkpointing is not None:
                 await self._checkpointing
-            if self._commits % _CHECKPOINT_EVERY and self._connector is not None:
+            if self._commits:
                 await self._checkpoint()  # what it committed since the last one
-            if self._checkpointer is not None:
-                await self._checkpointer.close()
             await self._writer.close()
             await self._reader.close()
 
@@ -239,27 +235,32 @@ class SqliteStore(VectorTables, UpkeepReads):
             self._committed()
 
     def _committed(self) -> None:
-        """Count a commit: every ``_CHECKPOINT_EVERY``th starts a checkpoint of the WAL
-        in the background, unless one is still running.
+        """Count a commit: after ``_CHECKPOINT_COMMITS`` commits, or
+        ``_CHECKPOINT_CHANGES`` rows written (an import's batches), a checkpoint of
+        the WAL starts in the background (``_checkpoint``), unless one still runs.
 
         The writer does not checkpoint at its commits (``wal_autocheckpoint = 0``):
         SQLite's own, every 1,000 pages (about 13 stores), copied them into the
         database and waited for the disk inside a store's commit, the most of a
-        store's p95 (22-24 ms at 50,000 memories, 16.6-18 ms without). A
-        ``PASSIVE`` checkpoint on another connection lets writes and reads go on.
+        store's p95 (22-24 ms at 50,000 memories, 16.6-18 ms without).
         """
         self._commits += 1
-        if self._connector is None or self._commits % _CHECKPOINT_EVERY:
+        changed = self._writer.total_changes - self._changes_at_checkpoint
+        if self._commits < _CHECKPOINT_COMMITS and changed < _CHECKPOINT_CHANGES:
             return
         if self._checkpointing is None or self._checkpointing.done():
+            self._commits, self._changes_at_checkpoint = 0, self._writer.total_changes
             self._checkpointing = asyncio.get_running_loop().create_task(self._checkpoint())
 
     async def _checkpoint(self) -> None:
-        assert self._connector is not None
+        """Checkpoint the WAL on the writer, holding this process's write lock: with no
+        write of its own meanwhile, a checkpoint can reach the WAL's end, and the next
+        write starts the WAL over instead of growing it (a checkpoint beside the writes,
+        on a connection of its own, never did: 7.6 GB of WAL after 40,000 imported
+        memories). The write that comes next waits for it, not the one before."""
         try:
-            if self._checkpointer is None:
-                self._checkpointer = await aiosqlite.Connection(self._connector, iter_chunk_size=64)
-            await self._checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            async with self._write_lock:
+                await self._writer.execute("PRAGMA wal_checkpoint(PASSIVE)")
         except OPERATIONAL_ERRORS as exc:  # busy, or the disk: the next one tries again
             log.info("checkpoint of %s put off: %s", self.path, exc)
         except Exception:  # never the writes' concern, nor close's
