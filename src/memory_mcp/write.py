@@ -243,13 +243,17 @@ async def apply(
     ``embed_late`` embeds a draft that was not embedded because it repeated a stored
     text exactly, when under the lock it no longer does (another process changed
     that record meanwhile): rare, and the one embedding done inside the lock.
-    ``nearby``: the draft's neighbours read before the lock, used if nothing has
-    been committed since (else read again).
+    ``nearby``: the draft's neighbours read before the lock, and the mark taken
+    before the draft was found to repeat no stored text: both stand if nothing has
+    been committed since (else they are read again).
     """
     record = draft.record
     # A duplicate stored under one of the project's aliases folds like any other.
     same_corpus = draft.same_corpus
-    exact = await exact_repeat(tx, draft)
+    # Nothing committed since the mark taken before the draft was found to repeat no
+    # stored text: it still repeats none, and its neighbours read then stand.
+    unchanged = nearby is not None and await tx.unchanged_since(nearby.mark)
+    exact = None if unchanged else await exact_repeat(tx, draft)
     if exact is None and vectors is None and embed_late is not None:
         late = await embed_late(record.content)
         vectors = late[0] if late else None
@@ -286,7 +290,7 @@ async def apply(
         )
 
     # Facts: compare with the nearest records, most similar first.
-    if nearby is not None and await tx.unchanged_since(nearby.mark):
+    if nearby is not None and unchanged:
         candidates = nearby.candidates
     else:
         candidates = await neighbours(tx, record, vectors, embedder, same_corpus, fold_settings)
@@ -525,6 +529,8 @@ async def _store_drafts(
 ) -> list[StoreResult | InvalidInput]:
     drafts = [d for d in items if isinstance(d, Draft)]
     engine.note_activity()
+    # One write's reads before the lock stand under it if nothing is committed meanwhile.
+    mark = await engine.store.write_mark() if len(drafts) == 1 else None
     # What repeats a stored text exactly is not embedded: it folds into that record and
     # takes its vectors (the decision is made again under the write lock).
     repeats = {id(d) for d in drafts if await exact_repeat(engine.store, d) is not None}
@@ -536,7 +542,7 @@ async def _store_drafts(
     one_fact = defer and fresh[0].corpus == "facts"
     nearby: Nearby | None = None
     if one_fact:  # it loads the scopes' vectors itself, beside the model
-        vectors, nearby = await _one_fact(engine, fresh[0], scope_keys)
+        vectors, nearby = await _one_fact(engine, fresh[0], scope_keys, mark)
     else:
         vectors = await engine.embed_records([d.record.content for d in fresh], whole_only=defer)
     vector_of = dict(zip((id(d) for d in fresh), vectors or [], strict=False))
@@ -577,19 +583,19 @@ async def _store_drafts(
 
 
 async def _one_fact(
-    engine: Engine, draft: Draft, scope_keys: set[str]
+    engine: Engine, draft: Draft, scope_keys: set[str], mark: object | None
 ) -> tuple[list[Vector] | None, Nearby | None]:
     """One fact's whole-text vector, and its neighbours read before the write lock.
 
     Its rarest words are looked up, and the scopes' vectors loaded, while the model
     embeds it (the database and the model each release the GIL); then its nearest
     records by that vector. ``apply`` uses them if nothing was committed since the
-    store's mark, taken first, and reads them again under the lock otherwise: at
-    50,000 memories they are about 7 ms of a store, and the lock is held for less.
+    store's ``mark``, taken before the exact-repeat check, and reads them again under
+    the lock otherwise: at 50,000 memories they are a few ms of a store, and the lock
+    is held for less.
     """
     store, settings = engine.store, engine.settings.fold
     identity = engine.embeddings.identity
-    mark = await store.write_mark()
     filters = draft.same_corpus
 
     async def read_first() -> list[Scored]:

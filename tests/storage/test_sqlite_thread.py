@@ -65,7 +65,7 @@ async def test_an_insert_with_its_vectors_and_the_commit_are_one_trip_each(
         with round_trips(monkeypatch) as sent:
             async with store.write() as tx:
                 await tx.insert(record, np.stack([unit(0, 1, 0), unit(0, 1, 1)]), vectors_due=True)
-        assert sent == ["BEGIN IMMEDIATE", "routine", "routine"]
+        assert sent == ["routine", "routine", "routine"]  # begin, insert, commit
         rows = await store.reads.fetch(
             "SELECT embedder, vec_rows, vectors_due FROM records WHERE id = ?", [record.id]
         )
@@ -193,6 +193,34 @@ async def test_a_search_on_a_current_copy_is_one_trip(
             hits = await store.nearest(unit(0, 0, 1), "m", FILTERS, 1)
         assert len(sent) > 1 and [h.record.id for h in hits] == [c.id]
         assert abs((await store.dense_scores(unit(0, 0, 1), "m", [c.id]))[c.id] - 1) < 1e-3
+    finally:
+        await store.close()
+        await other.close()
+
+
+async def test_a_write_mark_sees_another_processs_commit_and_costs_the_write_no_trip(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The mark is the writer's data version (another connection's commit changes it)
+    and this process's own commits; a transaction compares it with the mark taken at
+    its start, without asking the database again."""
+    store = await SqliteStore.open(tmp_path / "m.db")
+    other = await SqliteStore.open(tmp_path / "m.db")
+    try:
+        mark = await store.write_mark()
+        with round_trips(monkeypatch) as sent:
+            async with store.write() as tx:
+                assert await tx.unchanged_since(mark)
+        assert sent == ["routine", "routine"]  # begin (with the mark), commit
+        async with other.write() as tx:
+            await tx.insert(fact("written elsewhere"), None)
+        async with store.write() as tx:
+            assert not await tx.unchanged_since(mark)
+        mark = await store.write_mark()
+        async with store.write() as tx:
+            await tx.insert(fact("written here"), None)
+        async with store.write() as tx:
+            assert not await tx.unchanged_since(mark)  # this process's own commit
     finally:
         await store.close()
         await other.close()

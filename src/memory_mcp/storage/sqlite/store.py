@@ -116,6 +116,7 @@ class SqliteStore(VectorTables, UpkeepReads):
         self._counts_index: bytes | None = None  # FTS5's structure when they were exact
         self._copy_off = "" if vector_copy else "turned off"
         # The WAL is checkpointed after the writes, not inside them (``_committed``).
+        self._own_commits = 0  # this process's, counted on the writer's thread
         self._commits = 0  # since the last checkpoint
         self._changes_at_checkpoint = 0
         self._checkpointing: asyncio.Task[None] | None = None
@@ -214,12 +215,12 @@ class SqliteStore(VectorTables, UpkeepReads):
         """A write transaction holding the database's write lock (all processes)."""
         async with self._write_lock:
             try:
-                await self._writer.execute("BEGIN IMMEDIATE")
+                began = await on_thread(self._writer, self._begin)
             except OPERATIONAL_ERRORS as exc:
                 raise storage_error(exc) from exc
             pending = dict(self._tables)
             try:
-                tx = Transaction(self._writer, self)
+                tx = Transaction(self._writer, self, began)
                 yield tx
                 with anyio.CancelScope(shield=True):
                     await on_thread(self._writer, self._commit, tx.journal)
@@ -266,6 +267,11 @@ class SqliteStore(VectorTables, UpkeepReads):
         except Exception:  # never the writes' concern, nor close's
             log.warning("checkpoint of %s failed", self.path, exc_info=True)
 
+    def _begin(self, conn: sqlite3.Connection) -> tuple[int, int]:
+        """Begin a write transaction on the writer's thread, with its ``write_mark``."""
+        conn.execute("BEGIN IMMEDIATE")
+        return self._mark(conn)
+
     def _commit(self, conn: sqlite3.Connection, journal: Journal) -> None:
         """End a write transaction on the writer's thread, in one round trip: make the
         postings of the records it queued (``postings``), delete the vectors its
@@ -273,6 +279,18 @@ class SqliteStore(VectorTables, UpkeepReads):
         postings.index_due_sync(conn)
         sweep_retired(conn, journal, lambda: self._table_names(conn))
         conn.execute("COMMIT")
+        self._own_commits += 1
+
+    async def write_mark(self) -> object | None:
+        """What has been committed, as the writer sees it (``_mark``)."""
+        return await on_thread(self._writer, self._mark)
+
+    def _mark(self, conn: sqlite3.Connection) -> tuple[int, int]:
+        """The writer's ``PRAGMA data_version``, which every other connection's commit
+        changes, and this process's own commits: both read on the writer's thread,
+        so a transaction can tell at its start (``_begin``) whether anything was
+        committed since a mark without asking again."""
+        return int(conn.execute("PRAGMA data_version").fetchone()[0]), self._own_commits
 
     # Reads ---------------------------------------------------------------------------
 

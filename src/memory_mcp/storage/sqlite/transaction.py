@@ -51,8 +51,11 @@ class Transaction(SharedWrites, Queries):
 
     MARK = "?"
 
-    def __init__(self, conn: aiosqlite.Connection, store: SqliteStore) -> None:
+    def __init__(
+        self, conn: aiosqlite.Connection, store: SqliteStore, began: object | None = None
+    ) -> None:
         super().__init__(conn, store)
+        self._began = began  # the store's ``write_mark`` at its start
         self._touched: set[int] = set()  # records whose vectors this transaction changed
         self._changes_at_start = conn.total_changes
         self.journal = Journal()  # what it did to vector rows (``vectors.Journal``)
@@ -61,12 +64,11 @@ class Transaction(SharedWrites, Queries):
         return self._touched
 
     async def unchanged_since(self, mark: object | None) -> bool:
-        """The reader's data version is still ``mark`` (``SqliteStore.write_mark``), and
-        this transaction has written nothing yet. The write lock held, nothing else
-        can commit."""
+        """The store's ``write_mark`` at this transaction's start is ``mark``, and it has
+        written nothing yet. The write lock held, nothing else can commit."""
         if mark is None or self._touched or self._conn.total_changes != self._changes_at_start:
             return False
-        return await self._store.write_mark() == mark
+        return mark == self._began
 
     async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
         try:

@@ -262,12 +262,6 @@ class VectorTables:
             if not await anyio.to_thread.run_sync(index.close, _STOP_WAIT_S):
                 log.warning("a clustering of %s's vectors did not stop", index.embedder)
 
-    async def write_mark(self) -> object | None:
-        """The reader's ``PRAGMA data_version``: it changes with every commit of another
-        connection, this process's writer included."""
-        rows = await self.reads.fetch("PRAGMA data_version")
-        return int(rows[0][0])
-
     async def load_vectors(
         self, embedder: str, scope_keys: Collection[str], *, settle: float = 0.0
     ) -> bool:
