@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import getpass
 import logging
 import math
@@ -67,9 +68,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+@functools.cache
 def local_user() -> str:
     """This machine's login name (what a record stored in a local file says of its writer),
-    or "" when there is none to find."""
+    or "" when there is none to find; looked up once (the password database, where no
+    variable names it, on every store otherwise)."""
     try:
         return getpass.getuser()
     except (KeyError, OSError):  # no login name and no passwd entry (a bare container)
