@@ -132,7 +132,9 @@ async def test_the_wal_is_checkpointed_after_the_writes_not_inside_them(tmp_path
 
     path, wal = tmp_path / "m.db", tmp_path / "m.db-wal"
     store = await SqliteStore.open(path)
-    other = sqlite3.connect(path)  # another process's connection: no checkpoint at last close
+    # another connection, which keeps close from checkpointing as the last one does (of
+    # the same SQLite library: two libraries in one process do not see each other's locks)
+    other = store.driver.connect(str(path), busy_timeout_ms=1000)
     try:
         assert await store._writer.execute_fetchall("PRAGMA wal_autocheckpoint") == [(0,)]
 
@@ -224,3 +226,42 @@ async def test_a_write_mark_sees_another_processs_commit_and_costs_the_write_no_
     finally:
         await store.close()
         await other.close()
+
+
+async def test_a_checkpoint_a_read_held_back_is_tried_again_at_the_next_commit(
+    tmp_path: Path,
+) -> None:
+    """A read of an older snapshot keeps the checkpoint from the WAL's end (the WAL could
+    then never start over: 1.2 GB of WAL after a 200,000-memory bench fill, whose reads
+    run beside its writes); the next commit tries again, and the WAL starts over."""
+    from memory_mcp.storage.sqlite import store as store_module
+
+    path, wal = tmp_path / "m.db", tmp_path / "m.db-wal"
+    store = await SqliteStore.open(path)
+    reader = store.driver.connect(str(path), busy_timeout_ms=1000)  # the same library's
+    try:
+
+        async def commit(n: int) -> None:
+            async with store.write() as tx:
+                await tx.insert(fact(f"note {n}: " + "words " * 2000), None)
+
+        await commit(0)
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM records").fetchone()  # holds its snapshot
+        for n in range(1, store_module._CHECKPOINT_COMMITS):
+            await commit(n)
+        assert store._checkpointing is not None
+        await store._checkpointing
+        assert store._checkpoint_behind  # stopped at the reader's snapshot
+        reader.execute("COMMIT")
+        size = wal.stat().st_size
+        await commit(100)  # not the eighth: tried again all the same
+        assert store._checkpointing is not None
+        await store._checkpointing
+        assert not store._checkpoint_behind
+        for n in range(101, 101 + store_module._CHECKPOINT_COMMITS):
+            await commit(n)
+        assert wal.stat().st_size <= size * 1.5  # started over (17 commits on: about 2x)
+    finally:
+        reader.close()
+        await store.close()

@@ -86,6 +86,7 @@ _NO_TEAM = (
 # Commits, or rows written, between two checkpoints of the WAL (``_committed``).
 _CHECKPOINT_COMMITS = 8
 _CHECKPOINT_CHANGES = 2_000
+_WAL_KEEP_BYTES = 64 * 1024 * 1024  # the WAL file's size kept when it starts over
 _COUNTS_TTL = 600.0  # seconds a word's record count is reused
 _COUNTS_MAX = 100_000  # words remembered at most
 
@@ -122,6 +123,7 @@ class SqliteStore(VectorTables, UpkeepReads):
         self._own_commits = 0  # this process's, counted on the writer's thread
         self._commits = 0  # since the last checkpoint
         self._changes_at_checkpoint = 0
+        self._checkpoint_behind = False  # the last one did not reach the WAL's end
         self._checkpointing: asyncio.Task[None] | None = None
 
     @classmethod
@@ -155,6 +157,8 @@ class SqliteStore(VectorTables, UpkeepReads):
         def writer_connector() -> sqlite3.Connection:
             conn = connector()
             conn.execute("PRAGMA wal_autocheckpoint = 0")  # after the writes (_committed)
+            # a WAL that a long read let grow is cut back when it starts over
+            conn.execute(f"PRAGMA journal_size_limit = {_WAL_KEEP_BYTES}")
             return conn
 
         writer = await aiosqlite.Connection(writer_connector, iter_chunk_size=256)
@@ -250,7 +254,8 @@ class SqliteStore(VectorTables, UpkeepReads):
         """
         self._commits += 1
         changed = self._writer.total_changes - self._changes_at_checkpoint
-        if self._commits < _CHECKPOINT_COMMITS and changed < _CHECKPOINT_CHANGES:
+        due = self._commits >= _CHECKPOINT_COMMITS or changed >= _CHECKPOINT_CHANGES
+        if not (due or self._checkpoint_behind):
             return
         if self._checkpointing is None or self._checkpointing.done():
             self._commits, self._changes_at_checkpoint = 0, self._writer.total_changes
@@ -264,7 +269,12 @@ class SqliteStore(VectorTables, UpkeepReads):
         memories). The write that comes next waits for it, not the one before."""
         try:
             async with self._write_lock:
-                await self._writer.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                rows = await self._writer.execute_fetchall("PRAGMA wal_checkpoint(PASSIVE)")
+            busy, frames, copied = rows[0] if rows else (0, -1, -1)
+            # A read of an older snapshot (another process's, or this one's reader)
+            # kept it from the WAL's end: the next commit tries again, as SQLite's own
+            # checkpoint does at every commit while the WAL is long.
+            self._checkpoint_behind = bool(busy) or frames > copied
         except OPERATIONAL_ERRORS as exc:  # busy, or the disk: the next one tries again
             log.info("checkpoint of %s put off: %s", self.path, exc)
         except Exception:  # never the writes' concern, nor close's
