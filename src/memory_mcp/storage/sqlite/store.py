@@ -269,7 +269,7 @@ class SqliteStore(VectorTables, UpkeepReads):
         memories). The write that comes next waits for it, not the one before."""
         try:
             async with self._write_lock:
-                rows = await self._writer.execute_fetchall("PRAGMA wal_checkpoint(PASSIVE)")
+                rows = list(await self._writer.execute_fetchall("PRAGMA wal_checkpoint(PASSIVE)"))
             busy, frames, copied = rows[0] if rows else (0, -1, -1)
             # A read of an older snapshot (another process's, or this one's reader)
             # kept it from the WAL's end: the next commit tries again, as SQLite's own
