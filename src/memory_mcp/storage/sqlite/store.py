@@ -104,6 +104,7 @@ class SqliteStore(VectorTables, UpkeepReads):
         vector_copy: bool = True,
         busy_timeout_ms: int = 15000,
         clock: Callable[[], datetime] = utcnow,
+        connector: Callable[[], sqlite3.Connection] | None = None,
     ) -> None:
         self.path = path
         self.driver = driver
@@ -124,6 +125,8 @@ class SqliteStore(VectorTables, UpkeepReads):
         self._commits = 0  # since the last checkpoint
         self._changes_at_checkpoint = 0
         self._checkpoint_behind = False  # the last one did not reach the WAL's end
+        self._connector = connector  # for the checkpoints' connection, opened when needed
+        self._checkpointer: aiosqlite.Connection | None = None
         self._checkpointing: asyncio.Task[None] | None = None
 
     @classmethod
@@ -171,6 +174,7 @@ class SqliteStore(VectorTables, UpkeepReads):
             vector_copy=vector_copy,
             busy_timeout_ms=busy_timeout_ms,
             clock=clock,
+            connector=connector,
         )
 
     @property
@@ -214,6 +218,8 @@ class SqliteStore(VectorTables, UpkeepReads):
                 await self._checkpointing
             if self._commits:
                 await self._checkpoint()  # what it committed since the last one
+            if self._checkpointer not in (None, self._writer):
+                await self._checkpointer.close()
             await self._writer.close()
             await self._reader.close()
 
@@ -262,14 +268,24 @@ class SqliteStore(VectorTables, UpkeepReads):
             self._checkpointing = asyncio.get_running_loop().create_task(self._checkpoint())
 
     async def _checkpoint(self) -> None:
-        """Checkpoint the WAL on the writer, holding this process's write lock: with no
-        write of its own meanwhile, a checkpoint can reach the WAL's end, and the next
-        write starts the WAL over instead of growing it (a checkpoint beside the writes,
-        on a connection of its own, never did: 7.6 GB of WAL after 40,000 imported
-        memories). The write that comes next waits for it, not the one before."""
+        """Checkpoint the WAL holding this process's write lock: with no write of its own
+        meanwhile, a checkpoint can reach the WAL's end, and the next write starts the
+        WAL over instead of growing it (one beside the writes never did: 7.6 GB of WAL
+        after 40,000 imported memories). The write that comes next waits for it, not
+        the one before. It runs on a connection of its own, so that the writer's thread
+        stays free for the next write's mark (``write_mark``)."""
         try:
             async with self._write_lock:
-                rows = list(await self._writer.execute_fetchall("PRAGMA wal_checkpoint(PASSIVE)"))
+                if self._checkpointer is None:
+                    connector = self._connector
+                    self._checkpointer = (
+                        self._writer
+                        if connector is None
+                        else await aiosqlite.Connection(connector, iter_chunk_size=64)
+                    )
+                rows = list(
+                    await self._checkpointer.execute_fetchall("PRAGMA wal_checkpoint(PASSIVE)")
+                )
             busy, frames, copied = rows[0] if rows else (0, -1, -1)
             # A read of an older snapshot (another process's, or this one's reader)
             # kept it from the WAL's end: the next commit tries again, as SQLite's own
