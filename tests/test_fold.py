@@ -222,3 +222,27 @@ def test_judging_from_the_words_first_decides_as_the_whole_evidence_does() -> No
                     assert judge(old, new, similarity, settings) == whole, (old, new, similarity)
                     shortcuts += whole.reason == "different subject"
     assert shortcuts > 1000  # the shortcut is taken, and agrees
+
+
+def test_the_bit_parallel_lcs_equals_the_dynamic_programme() -> None:
+    """``lcs_length`` against the textbook table, on random word sequences of a small
+    vocabulary (many repeats), lengths 0 to 70 (past 64 bits)."""
+    import random
+
+    from memory_mcp.fold import lcs_length
+
+    def table(a: list[str], b: list[str]) -> int:
+        previous = [0] * (len(b) + 1)
+        for word in a:
+            row = [0]
+            for j, other in enumerate(b):
+                row.append(previous[j] + 1 if word == other else max(previous[j + 1], row[j]))
+            previous = row
+        return previous[-1]
+
+    rng = random.Random(7)
+    for _ in range(400):
+        vocabulary = [f"w{i}" for i in range(rng.randint(1, 12))]
+        a = [rng.choice(vocabulary) for _ in range(rng.randint(0, 70))]
+        b = [rng.choice(vocabulary) for _ in range(rng.randint(0, 70))]
+        assert lcs_length(a, b) == table(a, b), (a, b)

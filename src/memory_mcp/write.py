@@ -360,22 +360,22 @@ async def neighbours(
     store, for records already stored. ``lexical``: the records its rarest words
     find (``rare_lexical``), if read already.
     """
-    found: dict[str, tuple[Record, float | None]] = {}
-    if vectors is not None and embedder is not None:
-        for item in await reads.nearest(vectors[0], embedder, filters, settings.candidates):
-            found[item.record.id] = (item.record, item.score)
-    found.pop(record.id, None)
     if lexical is None:
         lexical = await rare_lexical(reads, record, filters, settings)
+    found: dict[str, tuple[Record, float | None]] = {}
+    scores: dict[str, float] = {}
+    if vectors is not None and embedder is not None:
+        ids = [item.record.id for item in lexical if item.record.id != record.id]
+        near, scores = await reads.nearest_with_scores(
+            vectors[0], embedder, filters, settings.candidates, ids
+        )
+        found = {item.record.id: (item.record, item.score) for item in near}
+    found.pop(record.id, None)
     lexical_only = [
         item.record
         for item in lexical
         if item.record.id not in found and item.record.id != record.id
     ]
-    if vectors is not None and embedder is not None and lexical_only:
-        scores = await reads.dense_scores(vectors[0], embedder, [r.id for r in lexical_only])
-    else:
-        scores = {}
     ordered = sorted(found.values(), key=lambda pair: -(pair[1] or 0.0))
     # Lexical-only candidates follow in BM25 order, with their dense similarity if any.
     return ordered + [(old, scores.get(old.id)) for old in lexical_only]

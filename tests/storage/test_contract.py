@@ -523,3 +523,30 @@ async def test_aliases_roll_back_with_their_transaction(store: Store) -> None:
     with pytest.raises(RuntimeError):
         await attach_then_fail()
     assert await store.alias_of(["/old/app"]) == {}
+
+
+async def test_nearest_with_scores_is_nearest_and_dense_scores(store: Store) -> None:
+    """The write path's two vector reads at once give what the two give apart, in a
+    transaction as in the store."""
+    if not store.vectors_available:
+        pytest.skip("this backend holds no vectors here")
+    embedder = "test:3"
+    crowd = [record(f"deploy note {n}", embedder=embedder) for n in range(12)]
+    rng = np.random.default_rng(3)
+    vectors = [unit(*rng.normal(size=3))[None, :] for _ in crowd]
+    await insert(store, *crowd, vectors=vectors)
+    query = unit(1, 0.2, 0)
+    asked = [crowd[0].id, crowd[5].id, "f_not_there"]
+    near, scores = await store.nearest_with_scores(query, embedder, FACTS, 4, asked)
+    apart = await store.nearest(query, embedder, FACTS, 4)
+    assert [(s.record.id, round(s.score, 5)) for s in near] == [
+        (s.record.id, round(s.score, 5)) for s in apart
+    ]
+    assert scores.keys() == {crowd[0].id, crowd[5].id}
+    alone = await store.dense_scores(query, embedder, asked)
+    assert all(abs(scores[i] - alone[i]) < 1e-6 for i in alone)
+    async with store.write() as tx:
+        in_tx, tx_scores = await tx.nearest_with_scores(query, embedder, FACTS, 4, asked)
+    assert [s.record.id for s in in_tx] == [s.record.id for s in apart]
+    assert tx_scores.keys() == scores.keys()
+    assert await store.nearest_with_scores(query, embedder, FACTS, 4, []) == (near, {})

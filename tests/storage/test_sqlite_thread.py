@@ -184,7 +184,9 @@ async def test_a_search_on_a_current_copy_is_one_trip(
         with round_trips(monkeypatch) as sent:
             hits = await store.nearest(unit(0, 1, 0), "m", FILTERS, 2)
             scores = await store.dense_scores(unit(1, 0, 0), "m", [a.id, b.id])
-        assert sent == ["routine", "routine"]
+            both = await store.nearest_with_scores(unit(0, 1, 0), "m", FILTERS, 2, [a.id])
+        assert sent == ["routine", "routine", "routine"]
+        assert [h.record.id for h in both[0]] == [b.id, a.id] and both[1].keys() == {a.id}
         assert [h.record.id for h in hits] == [b.id, a.id] and abs(hits[0].score - 1) < 1e-3
         assert abs(scores[a.id] - 1) < 1e-3 and abs(scores[b.id]) < 1e-3
 

@@ -240,6 +240,13 @@ class Neighbours(Protocol):
         """The best passage cosine of each of these records with ``vector``."""
         ...
 
+    async def nearest_with_scores(
+        self, vector: Vector, embedder: str, filters: Filters, k: int, record_ids: Sequence[str]
+    ) -> tuple[list[Scored], dict[str, float]]:
+        """``nearest`` and ``dense_scores`` of ``record_ids`` at once: a new memory's
+        neighbours by vector, and its cosine with those its rarest words found."""
+        ...
+
 
 class SearchBranches(Neighbours, Protocol):
     """What a search reads besides the two branches' candidates."""

@@ -156,6 +156,13 @@ class Queries:
         )
         return [Scored(record_of(row), float(row[-1])) for row in rows]
 
+    async def nearest_with_scores(
+        self, vector: Vector, embedder: str, filters: Filters, k: int, record_ids: Sequence[str]
+    ) -> tuple[list[Scored], dict[str, float]]:
+        """``nearest``, then ``dense_scores`` of ``record_ids``."""
+        near = await self.nearest(vector, embedder, filters, k)
+        return near, await self.dense_scores(vector, embedder, record_ids)
+
     async def dense_scores(
         self, vector: Vector, embedder: str, record_ids: Sequence[str]
     ) -> dict[str, float]:

@@ -95,6 +95,44 @@ def best_rows(
             rowids, sims = rowids[keep], sims[keep]
 
 
+def nearest_rows(
+    conn: sqlite3.Connection, index: DenseIndex, vector: Vector, filters: Filters, k: int
+) -> list[tuple[Any, float]]:
+    """``Queries.nearest`` on a current copy, on the reader's thread: the rows of the ``k``
+    best records, from the nearest clusters, then every row if too few of those pass."""
+    where, params = filters_sql(filters)
+    rows: list[tuple[Any, float]] = []
+    for every_row in (False, True):
+        rowids, sims, every = index.rank(
+            vector, filters.scope_keys, filters.corpora, filters.kinds, exact=every_row
+        )
+        rows = best_rows(conn, rowids, sims, where, params, k)
+        if len(rows) >= k or every:
+            break
+    return rows
+
+
+def cosines_by_id(
+    conn: sqlite3.Connection,
+    index: DenseIndex,
+    vector: Vector,
+    embedder: str,
+    record_ids: Sequence[str],
+) -> dict[str, float] | None:
+    """``Queries.dense_scores`` on a current copy, on the reader's thread; None: a scope
+    the copy has not loaded, or rows it lacks (read through vec0 instead)."""
+    if not record_ids:
+        return {}
+    slots = conn.execute(slots_sql(record_ids), [*record_ids, embedder]).fetchall()
+    if not index.holds({str(key) for *_, key in slots}):
+        return None
+    rowids = [r for seq, _, n, _ in slots for r in rowids_of(int(seq), int(n))]
+    held = index.cosines_of(vector, rowids)
+    if len(held) < len(rowids):
+        return None
+    return best_of(held, {int(seq): str(i) for seq, i, *_ in slots})
+
+
 def by_seq(rows: list[Any], best: dict[int, float], k: int) -> list[tuple[Any, float]]:
     """The ``k`` best of ``by_seq_sql``'s rows by their records' scores, with them."""
     rows.sort(key=lambda row: -best[int(row[-1])])
@@ -220,21 +258,12 @@ class Queries:
         table = await self._store._vector_table(self._conn, embedder)
         if table is None or not filters.scope_keys:
             return []
-        where, params = filters_sql(filters)
         if not exact and self._reads_committed():
-
-            def best(conn: sqlite3.Connection, index: DenseIndex) -> list[tuple[Any, float]]:
-                rows: list[tuple[Any, float]] = []
-                for every_row in (False, True):
-                    rowids, sims, every = index.rank(
-                        vector, filters.scope_keys, filters.corpora, filters.kinds, exact=every_row
-                    )
-                    rows = best_rows(conn, rowids, sims, where, params, k)
-                    if len(rows) >= k or every:
-                        break
-                return rows
-
-            found = await self._on_copy(table, filters.scope_keys, best)
+            found = await self._on_copy(
+                table,
+                filters.scope_keys,
+                lambda conn, index: nearest_rows(conn, index, vector, filters, k),
+            )
             if found is not None:
                 return [Scored(record_of(row), score) for row, score in found]
         scored: list[Scored] = []
@@ -357,6 +386,29 @@ class Queries:
         rows = await self.fetch(by_seq_sql(best, where), [*best, *params])
         return [Scored(record_of(row), score) for row, score in by_seq(rows, best, k)]
 
+    async def nearest_with_scores(
+        self, vector: Vector, embedder: str, filters: Filters, k: int, record_ids: Sequence[str]
+    ) -> tuple[list[Scored], dict[str, float]]:
+        """``nearest`` and ``dense_scores`` of ``record_ids``: on a current copy, one trip
+        to the reader's thread for both."""
+        table = await self._store._vector_table(self._conn, embedder)
+        if table is not None and filters.scope_keys and self._reads_committed():
+
+            def both(
+                conn: sqlite3.Connection, index: DenseIndex
+            ) -> tuple[list[tuple[Any, float]], dict[str, float]] | None:
+                scores = cosines_by_id(conn, index, vector, embedder, record_ids)
+                if scores is None:
+                    return None
+                return nearest_rows(conn, index, vector, filters, k), scores
+
+            found = await self._on_copy(table, filters.scope_keys, both)
+            if found is not None:
+                rows, scores = found
+                return [Scored(record_of(row), score) for row, score in rows], scores
+        near = await self.nearest(vector, embedder, filters, k)
+        return near, await self.dense_scores(vector, embedder, record_ids)
+
     async def dense_scores(
         self, vector: Vector, embedder: str, record_ids: Sequence[str]
     ) -> dict[str, float]:
@@ -365,18 +417,11 @@ class Queries:
         if table is None or not record_ids:
             return {}
         if self._reads_committed():
-
-            def scored(conn: sqlite3.Connection, index: DenseIndex) -> dict[str, float] | None:
-                slots = conn.execute(slots_sql(record_ids), [*record_ids, embedder]).fetchall()
-                if not index.holds({str(key) for *_, key in slots}):
-                    return None  # a scope to load first
-                rowids = [r for seq, _, n, _ in slots for r in rowids_of(int(seq), int(n))]
-                held = index.cosines_of(vector, rowids)
-                if len(held) < len(rowids):
-                    return None  # rows the copy lacks: read from vec0
-                return best_of(held, {int(seq): str(i) for seq, i, *_ in slots})
-
-            fast = await self._on_copy(table, (), scored)
+            fast = await self._on_copy(
+                table,
+                (),
+                lambda conn, index: cosines_by_id(conn, index, vector, embedder, record_ids),
+            )
             if fast is not None:
                 return fast
         slots = await self.fetch(slots_sql(record_ids), [*record_ids, embedder])

@@ -338,6 +338,11 @@ class SqliteStore(VectorTables, UpkeepReads):
     ) -> dict[str, float]:
         return await self.reads.dense_scores(vector, embedder, record_ids)
 
+    async def nearest_with_scores(
+        self, vector: Vector, embedder: str, filters: Filters, k: int, record_ids: Sequence[str]
+    ) -> tuple[list[Scored], dict[str, float]]:
+        return await self.reads.nearest_with_scores(vector, embedder, filters, k, record_ids)
+
     async def in_conversation(
         self, record_ids: Sequence[str], within_seconds: float, embedder: str
     ) -> dict[str, Around]:
