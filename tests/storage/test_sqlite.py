@@ -12,6 +12,7 @@ from helpers.records import fact, unit
 from memory_mcp.records import format_time, utcnow
 from memory_mcp.storage.base import Filters
 from memory_mcp.storage.sqlite import SqliteStore, dense
+from memory_mcp.storage.sqlite.driver import on_thread
 
 pytestmark = [pytest.mark.anyio, pytest.mark.sqlite_only]
 
@@ -394,9 +395,10 @@ async def test_the_change_log_is_pruned(tmp_path: Path, monkeypatch: pytest.Monk
 async def test_the_write_path_matches_on_a_memorys_rarest_words(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from memory_mcp.storage import bm25
     from memory_mcp.storage.sqlite import queries
 
-    monkeypatch.setattr(queries, "_RARE_TERMS", 3)
+    monkeypatch.setattr(bm25, "RARE_TERMS", 3)
     store = await SqliteStore.open(tmp_path / "m.db")
     try:
         common = [fact(f"run the tests before a release, note {i}") for i in range(30)]
@@ -405,10 +407,16 @@ async def test_the_write_path_matches_on_a_memorys_rarest_words(
             for r in [*common, twin]:
                 await tx.insert(r, None)
         text = "billing adapter retries webhooks; run the tests before a release"
-        terms = await store.reads._rarest(queries.query_terms(text))
-        assert set(terms) == {"billing", "adapter", "retries"}  # three, none of the common
+        terms = queries.query_terms(text)
+        stems = {queries.stem(t) for t in terms}
+        held = await on_thread(store._reader, store._word_counts.read, stems, False)
+        rare = queries.rarest(terms, held)
+        assert set(rare) == {"billing", "adapter", "retries"}  # three, none of the common
         hits = await store.reads.lexical(text, FILTERS, 5, rare_words=True)
         assert [h.record.id for h in hits] == [twin.id]
+        async with store.write() as tx:  # the same in a transaction (counts on the reader)
+            hits = await tx.lexical(text, FILTERS, 5, rare_words=True)
+            assert [h.record.id for h in hits] == [twin.id]
         everything = await store.reads.lexical(text, FILTERS, 50)
         assert len(everything) == 31  # a search still matches on every word
     finally:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from memory_mcp.lexical import query_terms, stem
 from memory_mcp.records import Record
 from memory_mcp.storage.base import Around, Filters, Scored, Vector
-from memory_mcp.storage.bm25 import TopPlan, deepening, kept_per_walk
+from memory_mcp.storage.bm25 import TopPlan, deepening, kept_per_walk, rarest
 from memory_mcp.storage.postgres.sql import filters_sql, hash_sql, lexical_sql
 from memory_mcp.storage.rows import SELECT, record_of
 
@@ -29,26 +29,6 @@ _FIRST_DEPTH = 4
 _MARGIN = 1.25
 _MIN_DEPTH = 40
 _DEPTH_MAX = 1000
-# The write path looks for lexical candidates with a memory's rarest words
-# (as the SQLite backend does; see ``sqlite.queries``).
-_RARE_TERMS = 8
-_RARE_POSTINGS = 5_000
-
-
-def rarest(terms: list[str], held: dict[str, int]) -> list[str]:
-    """The rarest of ``terms`` by ``held`` (records per stem): up to ``_RARE_TERMS`` words,
-    fewer once they match ``_RARE_POSTINGS`` records together (at least two). Words no
-    record holds match nothing, cost nothing, and stay."""
-    stems = {term: stem(term) for term in terms}
-    kept = [t for t in terms if stems[t] not in held]
-    known = sorted((t for t in terms if stems[t] in held), key=lambda t: held[stems[t]])
-    total = 0
-    for count, term in enumerate(known):
-        if count >= _RARE_TERMS or (count >= 2 and total + held[stems[term]] > _RARE_POSTINGS):
-            break
-        kept.append(term)
-        total += held[stems[term]]
-    return kept
 
 
 class Queries:

@@ -30,12 +30,15 @@ current lose their postings through a trigger.
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from memory_mcp.storage.bm25 import K1, B, document_terms, impact, indexed_columns
 from memory_mcp.storage.rows import SELECT
+from memory_mcp.storage.sqlite.sql import marks
 
 SCHEMA = """
 -- The lists: one per scope key and corpus, numbered.
@@ -161,7 +164,7 @@ def fts_totals(block: bytes) -> tuple[int, float]:
     return rows, (sum(numbers[1:]) / rows if rows else 0.0)
 
 
-def top_sql(lists: int, terms: int, where: str, *, narrowed: bool = False) -> str:
+def top_sql(lists: int, terms: int, weighed: int, where: str, *, narrowed: bool = False) -> str:
     """The top k of the records among the first ``?`` postings of each (list, term):
     BM25 with the statistics given as parameters, filtered by ``where``.
 
@@ -173,9 +176,13 @@ def top_sql(lists: int, terms: int, where: str, *, narrowed: bool = False) -> st
     memories, as its deeper rounds scored thousands of records that the filter
     then dropped.
 
+    ``weighed`` words of the query count in the score (those some record holds), each
+    with its idf (a ``CASE``: a JSON object of them, read by ``json_each`` for each
+    posting, cost a tenth of the query).
+
     Parameters: for each list and term, (list, term, depth), then, if ``narrowed``,
-    the filters' parameters and how many to keep; then the terms' idf as a JSON
-    object; then avgdl; then the filters' parameters; then k.
+    the filters' parameters and how many to keep; then (word, idf) for each weighed
+    word; then avgdl; then the weighed words; then the filters' parameters; then k.
     """
     first = "SELECT seq FROM postings WHERE list = ? AND term = ? ORDER BY impact DESC LIMIT ?"
     if narrowed:  # the records looked up in the postings' order, as far as ``?`` pass
@@ -186,13 +193,76 @@ def top_sql(lists: int, terms: int, where: str, *, narrowed: bool = False) -> st
     firsts = " UNION ".join([f"SELECT seq FROM ({first})"] * (lists * terms))
     return (
         f"WITH candidates(seq) AS ({firsts}), "
-        "weights(term, idf) AS (SELECT key, value FROM json_each(?)), "
         # Each candidate's postings of the query's words, by postings_seq; the weight
         # looked up per posting (a join led by the weights probed every pair: 1.6x slower).
-        "scored(seq, s) AS (SELECT p.seq, sum((SELECT w.idf FROM weights w WHERE w.term = "
-        f"p.term) * p.tf * {K1 + 1} / (p.tf + {K1} * ({1 - B} + {B} * p.dl / ?))) "
+        f"scored(seq, s) AS (SELECT p.seq, sum(CASE p.term {' '.join(['WHEN ? THEN ?'] * weighed)} "
+        f"END * p.tf * {K1 + 1} / (p.tf + {K1} * ({1 - B} + {B} * p.dl / ?))) "
         "FROM candidates c CROSS JOIN postings p WHERE p.seq = c.seq "
-        "AND p.term IN (SELECT term FROM weights) GROUP BY p.seq) "
+        f"AND p.term IN ({marks(range(weighed))}) GROUP BY p.seq) "
         f"SELECT {SELECT}, s.s FROM scored s CROSS JOIN records r ON r.seq = s.seq "
         f"WHERE {where} ORDER BY s.s DESC, r.seq LIMIT ?"
     )
+
+
+COUNTS_TTL = 600.0  # seconds a word's record count is reused
+COUNTS_MAX = 100_000  # words remembered at most
+_VOCAB_SQL = (
+    "CREATE VIRTUAL TABLE IF NOT EXISTS temp.records_vocab USING fts5vocab(main, records_fts, row)"
+)
+
+
+class WordCounts:
+    """How many committed records hold each stem FTS5 knows: BM25's n(q), and what picks
+    a memory's rarest words (cached a while, unless ``fresh``).
+
+    Read on the reader connection's thread only (``read``), which is never inside a
+    transaction that could roll its temporary vocabulary table back; fts5vocab
+    counts by reading a word's postings (1-4 ms for a search's words at
+    50,000-200,000 memories, and growing with the store), hence the cache. Fresh
+    counts are those read since FTS5's structure record last changed: every write
+    to its index changes it (a new segment, a merge), so they are exact.
+    """
+
+    def __init__(self) -> None:
+        self._counts: dict[str, tuple[int, float]] = {}  # stem -> (records, when read)
+        self._index: bytes | None = None  # FTS5's structure when they were exact
+        self._vocab_ready = False  # the connection has temp.records_vocab
+
+    def forget(self) -> None:
+        """Read every count again (a new dictionary: a read under way keeps its own)."""
+        self._counts = {}
+
+    def read(self, conn: sqlite3.Connection, stems: set[str], fresh: bool) -> dict[str, int]:
+        """The counts of ``stems`` that some record holds (the others are left out)."""
+        counts = self._counts
+        now = time.monotonic()
+        stale = now - COUNTS_TTL
+        if fresh:
+            row = conn.execute("SELECT block FROM records_fts_data WHERE id = 10").fetchone()
+            index = bytes(row[0]) if row else b""
+            if index != self._index:  # written since: none of them is exact now
+                counts = self._counts = {}
+                self._index = index
+            stale = -math.inf
+        missing = [s for s in stems if s not in counts or counts[s][1] < stale]
+        if missing:
+            if not self._vocab_ready:
+                conn.execute(_VOCAB_SQL)
+                self._vocab_ready = True
+            found = dict(
+                conn.execute(
+                    f"SELECT term, doc FROM temp.records_vocab WHERE term IN ({marks(missing)})",
+                    missing,
+                )
+            )
+            if len(counts) > COUNTS_MAX:
+                counts = self._counts = {}
+            for s in missing:
+                counts[s] = (int(found.get(s, 0)), now)
+        return {s: counts[s][0] for s in stems if counts[s][0] > 0}
+
+
+def totals(conn: sqlite3.Connection) -> tuple[int, float]:
+    """FTS5's record count and mean length (its bm25's N and avgdl)."""
+    row = conn.execute("SELECT block FROM records_fts_data WHERE id = 1").fetchone()
+    return fts_totals(bytes(row[0])) if row else (0, 0.0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
-from collections.abc import AsyncIterator, Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -15,7 +15,7 @@ from memory_mcp.lexical import query_terms, stem
 from memory_mcp.passages import MAX_PASSAGES
 from memory_mcp.records import Record
 from memory_mcp.storage.base import Around, Filters, Scored, Vector
-from memory_mcp.storage.bm25 import TopPlan, deepening, kept_per_walk
+from memory_mcp.storage.bm25 import TopPlan, depths, kept_per_walk, rarest
 from memory_mcp.storage.sqlite import postings
 from memory_mcp.storage.sqlite.driver import OPERATIONAL_ERRORS, on_thread
 from memory_mcp.storage.sqlite.sql import (
@@ -49,12 +49,6 @@ _KNN_MAX = 4096
 # at k=240 vs 4.6 ms at k=60 over 3,650 vectors), and each round of the
 # in-memory search reads its records.
 _FIRST_DEPTH = 2
-# The write path looks for lexical candidates with a memory's rarest words: its
-# common ones matched most of a 50,000-memory project (92 ms of a store).
-_RARE_TERMS = 8
-_RARE_POSTINGS = 5_000
-_COUNTS_TTL = 600.0  # seconds a word's record count is reused
-_COUNTS_MAX = 100_000  # words remembered at most
 
 
 R = TypeVar("R")
@@ -133,6 +127,47 @@ def cosines_by_id(
     return best_of(held, {int(seq): str(i) for seq, i, *_ in slots})
 
 
+def lexical_rows(
+    conn: sqlite3.Connection,
+    held: Mapping[str, int],
+    terms: list[str],
+    filters: Filters,
+    k: int,
+    rare_words: bool,
+) -> list[tuple[Any, float]]:
+    """``Queries.lexical`` on the connection's own thread, given the record counts of the
+    words (``held``, by stem): the rows of the ``k`` best records with their BM25,
+    read from the impact-ordered postings of the filters' lists (``postings.top_sql``)."""
+    if rare_words and len(terms) > 2:
+        terms = rarest(terms, held)
+    lists = [
+        int(row[0])
+        for row in conn.execute(
+            f"SELECT id FROM posting_lists WHERE scope_key IN ({marks(filters.scope_keys)}) "
+            f"AND corpus IN ({marks(filters.corpora)})",
+            [*filters.scope_keys, *filters.corpora],
+        )
+    ]
+    records, length = postings.totals(conn)
+    plan = TopPlan.of([stem(t) for t in terms], held, records)
+    if not plan.finders or not lists:
+        return []
+    where, params = filters_sql(filters)
+    narrowed = filters.selective
+    sql = postings.top_sql(
+        len(lists), len(plan.finders), len(plan.weights), where, narrowed=narrowed
+    )
+    weights = [v for item in plan.weights.items() for v in item]
+    passing = [*params, kept_per_walk(k)] if narrowed else []
+    rows: list[Any] = []
+    for depth in depths(plan.deepest):
+        firsts = [v for n in lists for s in plan.finders for v in (n, s, depth, *passing)]
+        rows = conn.execute(sql, [*firsts, *weights, length, *plan.weights, *params, k]).fetchall()
+        if len(rows) >= k:
+            break
+    return [(row, float(row[-1])) for row in rows]
+
+
 def by_seq(rows: list[Any], best: dict[int, float], k: int) -> list[tuple[Any, float]]:
     """The ``k`` best of ``by_seq_sql``'s rows by their records' scores, with them."""
     rows.sort(key=lambda row: -best[int(row[-1])])
@@ -176,68 +211,34 @@ class Queries:
     ) -> list[Scored]:
         """Records matching words of ``text``, best BM25 first.
 
-        ``rare_words`` matches on the text's rarest words only (``_rarest``):
-        what the write path wants from a whole memory, whose common words
-        match most of a project.
+        ``rare_words`` matches on the text's rarest words only (``rarest``): what
+        the write path wants from a whole memory, whose common words match most
+        of a project. One trip to the reader's thread (``lexical_rows``); in a
+        transaction, one for the words' record counts (``WordCounts``, on the
+        reader) and one for the rest.
         """
         terms = query_terms(text)
-        if rare_words and len(terms) > 2:
-            terms = await self._rarest(terms)
         if not terms or not filters.scope_keys or k <= 0:
             return []
-        stems = [stem(t) for t in terms]
-        counts = await self._store._document_counts(set(stems), fresh=not rare_words)
-        lists = await self._lists(filters)
-        records, length = await self._fts_totals()
-        plan = TopPlan.of(stems, counts, records)
-        if not plan.finders or not lists:
-            return []
-        where, params = filters_sql(filters)
-        narrowed = filters.selective
-        sql = postings.top_sql(len(lists), len(plan.finders), where, narrowed=narrowed)
-        weights = json.dumps(plan.weights)
-        passing = [*params, kept_per_walk(k)] if narrowed else []
+        stems = {stem(t) for t in terms}
+        counts = self._store._word_counts
+        fresh = not rare_words
 
-        async def read(depth: int) -> list[Any]:
-            firsts = [v for n in lists for s in plan.finders for v in (n, s, depth, *passing)]
-            return await self.fetch(sql, [*firsts, weights, length, *params, k])
+        def counted(conn: sqlite3.Connection) -> list[tuple[Any, float]]:
+            held = counts.read(conn, stems, fresh)
+            return lexical_rows(conn, held, terms, filters, k, rare_words)
 
-        rows = await deepening(read, k, plan.deepest)
-        return [Scored(record_of(row), float(row[-1])) for row in rows]
-
-    async def _lists(self, filters: Filters) -> list[int]:
-        """The posting lists of the filters' scopes and corpora."""
-        rows = await self.fetch(
-            f"SELECT id FROM posting_lists WHERE scope_key IN ({marks(filters.scope_keys)}) "
-            f"AND corpus IN ({marks(filters.corpora)})",
-            [*filters.scope_keys, *filters.corpora],
-        )
-        return [int(row[0]) for row in rows]
-
-    async def _fts_totals(self) -> tuple[int, float]:
-        """FTS5's record count and mean length (its bm25's N and avgdl)."""
-        rows = await self.fetch("SELECT block FROM records_fts_data WHERE id = 1")
-        return postings.fts_totals(bytes(rows[0][0])) if rows else (0, 0.0)
-
-    async def _rarest(self, terms: list[str]) -> list[str]:
-        """The rarest of ``terms`` by the number of records that hold them (FTS5's vocabulary).
-
-        Up to ``_RARE_TERMS`` words, fewer once they match ``_RARE_POSTINGS``
-        records together (at least two). Words the vocabulary does not know
-        match nothing, cost nothing, and stay. The counts need not be exact:
-        they are remembered for ``_COUNTS_TTL`` seconds.
-        """
-        stems = {term: stem(term) for term in terms}
-        held = await self._store._document_counts(set(stems.values()))
-        kept = [t for t in terms if stems[t] not in held]
-        known = sorted((t for t in terms if stems[t] in held), key=lambda t: held[stems[t]])
-        total = 0
-        for count, term in enumerate(known):
-            if count >= _RARE_TERMS or (count >= 2 and total + held[stems[term]] > _RARE_POSTINGS):
-                break
-            kept.append(term)
-            total += held[stems[term]]
-        return kept
+        try:
+            if self._conn is self._store._reader:
+                found = await on_thread(self._conn, counted)
+            else:
+                held = await on_thread(self._store._reader, counts.read, stems, fresh)
+                found = await on_thread(
+                    self._conn, lexical_rows, held, terms, filters, k, rare_words
+                )
+        except OPERATIONAL_ERRORS as exc:
+            raise storage_error(exc) from exc
+        return [Scored(record_of(row), score) for row, score in found]
 
     async def nearest(
         self, vector: Vector, embedder: str, filters: Filters, k: int, *, exact: bool = False

@@ -6,11 +6,9 @@ import asyncio
 import functools
 import getpass
 import logging
-import math
 import shutil
 import sqlite3
 import tempfile
-import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
@@ -87,8 +85,6 @@ _NO_TEAM = (
 _CHECKPOINT_COMMITS = 8
 _CHECKPOINT_CHANGES = 2_000
 _WAL_KEEP_BYTES = 64 * 1024 * 1024  # the WAL file's size kept when it starts over
-_COUNTS_TTL = 600.0  # seconds a word's record count is reused
-_COUNTS_MAX = 100_000  # words remembered at most
 
 
 class SqliteStore(VectorTables, UpkeepReads):
@@ -116,9 +112,7 @@ class SqliteStore(VectorTables, UpkeepReads):
         self.reads = Queries(reader, self)
         self._tables: dict[str, str] = {}
         self._copies: dict[str, DenseIndex] = {}  # by vector table
-        self._vocab_ready = False  # the reader has temp.records_vocab
-        self._counts: dict[str, tuple[int, float]] = {}  # stem -> (records, when read)
-        self._counts_index: bytes | None = None  # FTS5's structure when they were exact
+        self._word_counts = postings.WordCounts()  # read on the reader's thread
         self._copy_off = "" if vector_copy else "turned off"
         # The WAL is checkpointed after the writes, not inside them (``_committed``).
         self._own_commits = 0  # this process's, counted on the writer's thread
@@ -530,43 +524,4 @@ class SqliteStore(VectorTables, UpkeepReads):
 
     def forget_word_counts(self) -> None:
         """Drop the cached record counts of words (the write path's rare words)."""
-        self._counts.clear()
-
-    async def _document_counts(self, stems: set[str], *, fresh: bool = False) -> dict[str, int]:
-        """How many committed records hold each stem FTS5 knows (cached a while, unless
-        ``fresh``: the BM25 of a search is FTS5's own, to the last write).
-
-        Read on the reader connection, which is never inside a transaction that
-        could roll its temporary vocabulary table back; fts5vocab counts by
-        reading a word's postings (1-4 ms for a search's words at 50,000-200,000
-        memories, and growing with the store), hence the cache. Fresh counts are
-        those read since FTS5's structure record last changed: every write to
-        its index changes it (a new segment, a merge), so they are exact.
-        """
-        now = time.monotonic()
-        stale = now - _COUNTS_TTL
-        if fresh:
-            rows = await self.reads.fetch("SELECT block FROM records_fts_data WHERE id = 10")
-            index = bytes(rows[0][0]) if rows else b""
-            if index != self._counts_index:  # written since: none of them is exact now
-                self._counts.clear()
-                self._counts_index = index
-            stale = -math.inf
-        missing = [s for s in stems if s not in self._counts or self._counts[s][1] < stale]
-        if missing:
-            if not self._vocab_ready:
-                await self._reader.execute(
-                    "CREATE VIRTUAL TABLE IF NOT EXISTS temp.records_vocab "
-                    "USING fts5vocab(main, records_fts, row)"
-                )
-                self._vocab_ready = True
-            rows = await self.reads.fetch(
-                f"SELECT term, doc FROM temp.records_vocab WHERE term IN ({marks(missing)})",
-                missing,
-            )
-            found = {str(term): int(doc) for term, doc in rows}
-            if len(self._counts) > _COUNTS_MAX:
-                self._counts.clear()
-            for s in missing:
-                self._counts[s] = (found.get(s, 0), now)
-        return {s: self._counts[s][0] for s in stems if self._counts[s][0] > 0}
+        self._word_counts.forget()
