@@ -95,7 +95,7 @@ def test_a_clustered_segment_scores_a_few_clusters_and_finds_the_exact_top(
     for query in queries:
         probed = segment.probe(query)
         assert probed is not None
-        positions, sims = probed
+        positions, sims, _ = probed
         assert len(positions) < segment.size / 4  # a few clusters, not every row
         exact = segment.cosines(query)
         truth = _true_cosines(segment, query, positions)
@@ -161,7 +161,7 @@ def test_a_rankings_best_rows_have_their_exact_cosines(
         elif how == "clusters":
             probed = segment.probe(query)
             assert probed is not None
-            positions, sims = probed
+            positions, sims, _ = probed
         else:
             positions = np.arange(0, segment.size, 3, dtype=np.int64)
             sims = segment.cosines_at(query, positions)
@@ -184,7 +184,7 @@ def test_rows_written_after_the_clustering_are_scored_in_the_tail(
     for n, query in enumerate(fresh):
         probed = segment.probe(query)
         assert probed is not None
-        positions, sims = probed
+        positions, sims, _ = probed
         best = positions[int(np.argmax(sims))]
         assert int(segment.rowid[best]) == (10_000 + n) * dense.MAX_PASSAGES
     # a tenth of the rows in the tail asks for another clustering
@@ -275,3 +275,31 @@ def test_find_follows_the_rows_appended_since_the_sort(
     found = segment.find(np.array([192, 193, 256]))
     assert sorted(segment.rowid[found].tolist()) == [192, 193, 256]
     assert (found >= 5).sum() == 2  # the new rows of 192 and 193, not the dropped one
+
+
+def test_rows_a_filter_drops_take_no_exact_slot() -> None:
+    """Rows of another kind nearest the query would fill the EXACT_TOP rescored rows: the
+    rows a ranking keeps get them, so its best rows have their exact cosines."""
+    rng = np.random.default_rng(0)
+    dim, n, other = 384, 5000, 1100
+    base = rng.normal(size=dim).astype(np.float32)
+    base /= np.linalg.norm(base)
+    rows = rng.normal(size=(n, dim)).astype(np.float32)
+    rows /= np.linalg.norm(rows, axis=1, keepdims=True)
+    rows[:other] = base + 0.05 * rows[:other]  # of the kind left out, nearest the query
+    rows[other : other + 2000] = base + 0.35 * rows[other : other + 2000]
+    kinds = np.zeros(n, np.int16)
+    kinds[:other] = 1
+    index = dense.DenseIndex("vec_1", "e", dim)
+    segment = _Segment(dim)
+    segment.append(
+        np.arange(n, dtype=np.int64) * dense.MAX_PASSAGES, np.zeros(n, np.int16), kinds, rows
+    )
+    index._segments["s"] = segment
+    index._codes = {"facts": 0, "A": 0, "B": 1}
+    rowids, sims, _ = index.rank(base, ["s"], ["facts"], ["A"], exact=True)
+    assert len(rowids) == n - other
+    truth = _true_cosines(segment, base, rowids // dense.MAX_PASSAGES)
+    best = np.argsort(-sims)[:20]
+    assert np.allclose(sims[best], truth[best], rtol=0, atol=1e-6)
+    assert set(best.tolist()) == set(np.argsort(-truth)[:20].tolist())

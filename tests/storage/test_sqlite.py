@@ -621,3 +621,87 @@ async def test_a_copy_takes_its_own_writes_without_reading_them_back(
     finally:
         await store.close()
         await other.close()
+
+
+async def test_a_write_cancelled_while_it_waits_for_the_lock_leaves_no_transaction(
+    tmp_path: Path,
+) -> None:
+    """BEGIN runs on the writer's thread whatever the caller does: cancelled while it
+    waits for another process's lock, the write still ends the transaction it began."""
+    import anyio
+
+    store = await SqliteStore.open(tmp_path / "m.db", busy_timeout_ms=5000)
+    other = store.driver.connect(str(tmp_path / "m.db"), busy_timeout_ms=1000)
+    other.execute("BEGIN IMMEDIATE")
+
+    async def release() -> None:
+        await anyio.sleep(0.3)
+        other.execute("ROLLBACK")
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(release)
+            with anyio.move_on_after(0.1):
+                async with store.write() as tx:
+                    await tx.insert(fact("never written"), None)
+        assert not store._writer.in_transaction
+        kept = fact("written after")
+        async with store.write() as tx:
+            await tx.insert(kept, None)
+        assert await store.get(kept.id) is not None
+        other.execute("BEGIN IMMEDIATE")  # another process can write again
+        other.execute("ROLLBACK")
+    finally:
+        other.close()
+        await store.close()
+
+
+async def test_a_copy_reloaded_for_another_scope_meanwhile_is_not_searched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A search that found its scope in the copy, then waited for the copy's lock while
+    another search reloaded it for another scope, reads vec0 instead of an empty copy."""
+    import asyncio
+
+    store = await SqliteStore.open(tmp_path / "m.db")
+    other = await SqliteStore.open(tmp_path / "m.db", vector_copy=False)
+    try:
+        vector = np.ones(8, np.float32)
+        async with store.write() as tx:
+            await tx.insert(fact("in X", scope_key="/x", embedder="e"), vector[None, :])
+            await tx.insert(fact("in Y", scope_key="/y", embedder="e"), -vector[None, :])
+        await store.load_vectors("e", ["/x", "/y"])
+        index = next(iter(store._copies.values()))
+        filters = Filters(scope_keys=("/x",), corpora=("facts",))
+        async with other.write() as tx:  # another process writes: the copy is behind
+            await tx.insert(fact("more Y", scope_key="/y", embedder="e"), -vector[None, :])
+        monkeypatch.setattr(dense, "_RELOAD_AFTER", 0)  # as far behind as reloads
+        async with index.lock:
+            search = asyncio.create_task(store.nearest(vector, "e", filters, 5))
+            await asyncio.sleep(0.05)  # it saw /x held, and waits for the lock
+            await index.prepare(store.reads.fetch, ["/y"])  # a reload: /y only
+        assert [s.record.content for s in await search] == ["in X"]
+    finally:
+        await store.close()
+        await other.close()
+
+
+async def test_word_counts_start_over_when_too_many_are_remembered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from memory_mcp.storage.sqlite import postings
+
+    monkeypatch.setattr(postings, "COUNTS_MAX", 3)
+    store = await SqliteStore.open(tmp_path / "m.db")
+    try:
+        async with store.write() as tx:
+            await tx.insert(fact("alpha beta gamma delta epsilon"), None)
+        counts = store._word_counts
+        held = await on_thread(
+            store._reader, counts.read, {"alpha", "beta", "gamma", "delta"}, False
+        )
+        assert held == dict.fromkeys(["alpha", "beta", "gamma", "delta"], 1)
+        held = await on_thread(store._reader, counts.read, {"alpha", "epsilon"}, False)
+        assert held == {"alpha": 1, "epsilon": 1}
+    finally:
+        await store.close()

@@ -235,6 +235,8 @@ class WordCounts:
     def read(self, conn: sqlite3.Connection, stems: set[str], fresh: bool) -> dict[str, int]:
         """The counts of ``stems`` that some record holds (the others are left out)."""
         counts = self._counts
+        if len(counts) > COUNTS_MAX:
+            counts = self._counts = {}
         now = time.monotonic()
         stale = now - COUNTS_TTL
         if fresh:
@@ -255,8 +257,6 @@ class WordCounts:
                     missing,
                 )
             )
-            if len(counts) > COUNTS_MAX:
-                counts = self._counts = {}
             for s in missing:
                 counts[s] = (int(found.get(s, 0)), now)
         return {s: counts[s][0] for s in stems if counts[s][0] > 0}

@@ -119,6 +119,7 @@ class SqliteStore(VectorTables, UpkeepReads):
         self._commits = 0  # since the last checkpoint
         self._changes_at_checkpoint = 0
         self._checkpoint_behind = False  # the last one did not reach the WAL's end
+        self._closing = False  # close() has begun
         self._connector = connector  # for the checkpoints' connection, opened when needed
         self._checkpointer: aiosqlite.Connection | None = None
         self._checkpointing: asyncio.Task[None] | None = None
@@ -207,6 +208,7 @@ class SqliteStore(VectorTables, UpkeepReads):
 
     async def close(self) -> None:
         with anyio.CancelScope(shield=True):
+            self._closing = True  # a write still finishing starts no checkpoint of its own
             await self._stop_clusterings(list(self._copies.values()))
             if self._checkpointing is not None:
                 await self._checkpointing
@@ -222,7 +224,10 @@ class SqliteStore(VectorTables, UpkeepReads):
         """A write transaction holding the database's write lock (all processes)."""
         async with self._write_lock:
             try:
-                began = await on_thread(self._writer, self._begin)
+                # shielded: the writer's thread begins it even if this is cancelled while
+                # BEGIN waits for another process's lock, and the rollback below must end it
+                with anyio.CancelScope(shield=True):
+                    began = await on_thread(self._writer, self._begin)
             except OPERATIONAL_ERRORS as exc:
                 raise storage_error(exc) from exc
             pending = dict(self._tables)
@@ -255,7 +260,7 @@ class SqliteStore(VectorTables, UpkeepReads):
         self._commits += 1
         changed = self._writer.total_changes - self._changes_at_checkpoint
         due = self._commits >= _CHECKPOINT_COMMITS or changed >= _CHECKPOINT_CHANGES
-        if not (due or self._checkpoint_behind):
+        if not (due or self._checkpoint_behind) or self._closing:
             return
         if self._checkpointing is None or self._checkpointing.done():
             self._commits, self._changes_at_checkpoint = 0, self._writer.total_changes

@@ -349,7 +349,7 @@ class VectorTables:
     ) -> R | None:
         """``routine(connection, copy)`` on the reader's thread, with the in-memory copy of
         ``table`` locked, if it holds these scopes and is current: checked in the same
-        trip (``DenseIndex.current``), where catching up first (``_ready_copy``) takes a
+        trip (``DenseIndex.current``, ``holds``), where catching up first (``_ready_copy``) takes a
         trip of its own, and ranking another. None: no copy, a scope to load, a change
         to catch up on, or the routine declined."""
         index = None if self._copy_off else self._copies.get(table)
@@ -359,7 +359,11 @@ class VectorTables:
             index.keep_clustered(scope_keys)
 
             def run(conn: sqlite3.Connection) -> R | None:
-                return routine(conn, index) if index.current(conn) else None
+                # held again under the lock: a reload for another scope (a copy far
+                # behind) may have dropped these while this waited for it
+                if not (index.holds(scope_keys) and index.current(conn)):
+                    return None
+                return routine(conn, index)
 
             return await on_thread(self._reader, run)
 
