@@ -376,3 +376,15 @@ async def test_a_record_says_who_wrote_it_and_a_private_one_stays_marked(
         (shared.id, writer, False),
         (mine.id, writer, True),
     }
+
+
+def test_ids_sort_in_the_order_a_process_made_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Within a millisecond, and when the clock steps back, each id is the last one plus
+    one: results of equal score, ordered by id, come out in the order they were written."""
+    import memory_mcp.write as write
+
+    ids = [write.new_id("facts") for _ in range(2000)]
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+    monkeypatch.setattr(write.time, "time", lambda: 1.0)  # long before: the clock stepped back
+    later = [write.new_id("facts") for _ in range(3)]
+    assert ids[-1] < later[0] < later[1] < later[2]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import threading
 import time
 import unicodedata
 from collections.abc import Awaitable, Callable, Sequence
@@ -76,9 +77,29 @@ _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 _COMMIT_BATCH = 64  # writes per transaction in ``store_many``
 
 
+_RANDOM_BITS = 80
+_last_id = [0, 0]  # the millisecond and random part of this process's last id
+_id_lock = threading.Lock()
+
+
 def new_id(corpus: Corpus) -> str:
-    """A time-ordered unique id (ULID layout), prefixed by corpus: ``f_01J...``."""
-    value = (int(time.time() * 1000) << 80) | int.from_bytes(os.urandom(10), "big")
+    """A time-ordered unique id (ULID layout), prefixed by corpus: ``f_01J...``.
+
+    Monotonic in a process, as ULID's spec allows: an id made in the same millisecond
+    as the one before (or after the clock stepped back) is that one plus one, so a
+    process's ids sort in the order it made them. Results of equal score are ordered
+    by id: with random ids, the records of one batch (the same millisecond) came out
+    in another order on each run.
+    """
+    now = int(time.time() * 1000)
+    with _id_lock:
+        last, random_part = _last_id
+        if now <= last and random_part + 1 < 1 << _RANDOM_BITS:
+            now, random_part = last, random_part + 1
+        else:
+            now, random_part = max(now, last + 1), int.from_bytes(os.urandom(10), "big")
+        _last_id[:] = [now, random_part]
+    value = (now << _RANDOM_BITS) | random_part
     chars = []
     for _ in range(26):
         chars.append(_CROCKFORD[value & 31])
