@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
-from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import aiosqlite
 
@@ -49,9 +49,6 @@ _KNN_MAX = 4096
 # at k=240 vs 4.6 ms at k=60 over 3,650 vectors), and each round of the
 # in-memory search reads its records.
 _FIRST_DEPTH = 2
-
-
-R = TypeVar("R")
 
 
 def best_rows(
@@ -260,7 +257,7 @@ class Queries:
         if table is None or not filters.scope_keys:
             return []
         if not exact and self._reads_committed():
-            found = await self._on_copy(
+            found = await self._store._on_copy(
                 table,
                 filters.scope_keys,
                 lambda conn, index: nearest_rows(conn, index, vector, filters, k),
@@ -298,20 +295,6 @@ class Queries:
         """Whether this reads what is committed only (the reader, not a transaction that
         wrote vectors): what the in-memory copy holds."""
         return self._conn is self._store._reader
-
-    async def _on_copy(
-        self,
-        table: str,
-        scope_keys: Collection[str],
-        routine: Callable[[sqlite3.Connection, DenseIndex], R | None],
-    ) -> R | None:
-        """``routine(connection, copy)`` on the reader's thread, in one trip with the check
-        that the copy is current (``VectorTables._on_copy``); None: the copy must catch
-        up or load first, or the routine declined (the caller's other path does it)."""
-        try:
-            return await self._store._on_copy(table, scope_keys, routine)
-        except OPERATIONAL_ERRORS as exc:
-            raise storage_error(exc) from exc
 
     async def _with_own_writes(
         self,
@@ -403,7 +386,7 @@ class Queries:
                     return None
                 return nearest_rows(conn, index, vector, filters, k), scores
 
-            found = await self._on_copy(table, filters.scope_keys, both)
+            found = await self._store._on_copy(table, filters.scope_keys, both)
             if found is not None:
                 rows, scores = found
                 return [Scored(record_of(row), score) for row, score in rows], scores
@@ -418,7 +401,7 @@ class Queries:
         if table is None or not record_ids:
             return {}
         if self._reads_committed():
-            fast = await self._on_copy(
+            fast = await self._store._on_copy(
                 table,
                 (),
                 lambda conn, index: cosines_by_id(conn, index, vector, embedder, record_ids),

@@ -25,7 +25,8 @@ import anyio
 from memory_mcp.errors import StorageError
 from memory_mcp.passages import MAX_PASSAGES
 from memory_mcp.storage.base import Filters, Vector
-from memory_mcp.storage.sqlite.driver import Driver, on_thread
+from memory_mcp.storage.sqlite.driver import OPERATIONAL_ERRORS, Driver, on_thread
+from memory_mcp.storage.sqlite.sql import storage_error
 
 if TYPE_CHECKING:
     import numpy as np
@@ -351,7 +352,11 @@ class VectorTables:
         ``table`` locked, if it holds these scopes and is current: checked in the same
         trip (``DenseIndex.current``, ``holds``), where catching up first (``_ready_copy``) takes a
         trip of its own, and ranking another. None: no copy, a scope to load, a change
-        to catch up on, or the routine declined."""
+        to catch up on, or the routine declined (the caller's other path does it).
+
+        Raises:
+            StorageError: the database could not be read.
+        """
         index = None if self._copy_off else self._copies.get(table)
         if index is None or not index.holds(scope_keys):
             return None
@@ -365,7 +370,10 @@ class VectorTables:
                     return None
                 return routine(conn, index)
 
-            return await on_thread(self._reader, run)
+            try:
+                return await on_thread(self._reader, run)
+            except OPERATIONAL_ERRORS as exc:
+                raise storage_error(exc) from exc
 
     def _apply_written(self, journal: Journal) -> None:
         """Give this process's copies what a committed transaction wrote and deleted
