@@ -243,6 +243,24 @@ async def test_a_reader_gets_the_shared_records_and_their_own_personal_ones(
     assert len(await store.current(Filters(both, ("facts",)), 100)) == len(everyone)
 
 
+async def test_a_reader_finds_their_records_below_many_they_may_not_see(store: Store) -> None:
+    """A first round reads a word's 128 best postings (``bm25.FIRST_DEPTH``) and filters by
+    reader after scoring; others' private records fill all of them here, so the
+    records alice may read come from a deeper round, best first."""
+    hidden = [record(f"cache cache cache warm {n}", user="bob", private=True) for n in range(140)]
+    hers = [
+        record("cache of the lock file, kept for a day by the build", user="alice"),
+        record("the cache of wheels, keyed by the lock file and the python version", user="bob"),
+    ]
+    await insert(store, *hidden, *hers)
+    alice = Filters((SCOPE,), ("facts",), viewer="alice")
+    found = await store.lexical("cache warm", alice, 5)
+    assert [s.record.id for s in found] == [hers[0].id, hers[1].id]
+    shared = Filters((SCOPE,), ("facts",), private=False)
+    assert [s.record.id for s in await store.lexical("cache", shared, 1)] == [hers[0].id]
+    assert len(await store.lexical("cache", Filters((SCOPE,), ("facts",)), 200)) == 142
+
+
 async def test_lexical_relevance_is_fts5s_bm25_on_every_backend(store: Store) -> None:
     """One lexical ranking: the scores ``storage.bm25`` computes (FTS5's BM25 over every
     record, archived ones too, with the column weights), in the same order."""

@@ -66,14 +66,17 @@ class Filters:
     private: bool | None = None  # only private records (True), or only shared ones (False)
 
     @property
+    def narrowing(self) -> bool:
+        """Whether they ask more of a record than its scope, corpus and reader: a kind, a
+        tag, an agent, a time, an id left out, private records only. What the reader may
+        see, or shared records only, drops few records (the private ones of others)."""
+        lists = (self.kinds, self.tags, self.agents, self.exclude_ids)
+        return any(lists) or bool(self.since or self.until or self.through or self.private)
+
+    @property
     def selective(self) -> bool:
         """Whether they ask more of a record than its scope and corpus (and liveness)."""
-        lists = (self.kinds, self.tags, self.agents, self.exclude_ids)
-        return (
-            any(lists)
-            or bool(self.since or self.until or self.through)
-            or (self.viewer is not None or self.private is not None)
-        )
+        return self.narrowing or self.viewer is not None or self.private is not None
 
 
 @dataclass

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from memory_mcp.lexical import query_terms, stem
 from memory_mcp.records import Record
 from memory_mcp.storage.base import Around, Filters, Scored, Vector
-from memory_mcp.storage.bm25 import TopPlan, deepening, kept_per_walk, rarest
+from memory_mcp.storage.bm25 import TopPlan, deepening, kept_per_walk, narrowed, rarest
 from memory_mcp.storage.postgres.sql import filters_sql, hash_sql, lexical_sql
 from memory_mcp.storage.rows import SELECT, record_of
 
@@ -70,14 +70,14 @@ class Queries:
         if not plan.finders or not lists:
             return []
         where, params = filters_sql(filters)
-        narrowed = filters.selective
-        sql = lexical_sql(where, narrowed=narrowed)
         weights = [list(plan.weights), list(plan.weights.values())]
-        passing = [*params, kept_per_walk(k)] if narrowed else []
 
         async def read(depth: int) -> list[Any]:
+            narrow = narrowed(filters, depth, k)
+            passing = [*params, kept_per_walk(k)] if narrow else []
             return await self.fetch(
-                sql, [lists, plan.finders, depth, *passing, *weights, length, *params, k]
+                lexical_sql(where, narrowed=narrow),
+                [lists, plan.finders, depth, *passing, *weights, length, *params, k],
             )
 
         found = await deepening(read, k, plan.deepest)

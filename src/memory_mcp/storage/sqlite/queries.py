@@ -15,7 +15,7 @@ from memory_mcp.lexical import query_terms, stem
 from memory_mcp.passages import MAX_PASSAGES
 from memory_mcp.records import Record
 from memory_mcp.storage.base import Around, Filters, Scored, Vector
-from memory_mcp.storage.bm25 import TopPlan, depths, kept_per_walk, rarest
+from memory_mcp.storage.bm25 import TopPlan, depths, kept_per_walk, narrowed, rarest
 from memory_mcp.storage.sqlite import postings
 from memory_mcp.storage.sqlite.driver import OPERATIONAL_ERRORS, on_thread
 from memory_mcp.storage.sqlite.sql import (
@@ -150,14 +150,14 @@ def lexical_rows(
     if not plan.finders or not lists:
         return []
     where, params = filters_sql(filters)
-    narrowed = filters.selective
-    sql = postings.top_sql(
-        len(lists), len(plan.finders), len(plan.weights), where, narrowed=narrowed
-    )
     weights = [v for item in plan.weights.items() for v in item]
-    passing = [*params, kept_per_walk(k)] if narrowed else []
     rows: list[Any] = []
     for depth in depths(plan.deepest):
+        narrow = narrowed(filters, depth, k)
+        sql = postings.top_sql(
+            len(lists), len(plan.finders), len(plan.weights), where, narrowed=narrow
+        )
+        passing = [*params, kept_per_walk(k)] if narrow else []
         firsts = [v for n in lists for s in plan.finders for v in (n, s, depth, *passing)]
         rows = conn.execute(sql, [*firsts, *weights, length, *plan.weights, *params, k]).fetchall()
         if len(rows) >= k:
