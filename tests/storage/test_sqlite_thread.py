@@ -15,7 +15,7 @@ from helpers.records import fact, unit
 from memory_mcp.errors import StorageError
 from memory_mcp.storage.base import Filters
 from memory_mcp.storage.sqlite import SqliteStore, postings
-from memory_mcp.storage.sqlite.driver import on_thread
+from memory_mcp.storage.sqlite.driver import DATABASE_ERRORS, on_thread
 
 pytestmark = [pytest.mark.anyio, pytest.mark.sqlite_only]
 
@@ -53,7 +53,7 @@ async def test_a_routine_runs_on_the_connections_own_thread(tmp_path: Path) -> N
         await store.close()
 
 
-async def test_an_insert_with_its_vectors_and_the_commit_are_one_trip_each(
+async def test_an_insert_with_its_vectors_travels_with_the_commit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = await SqliteStore.open(tmp_path / "m.db")
@@ -65,7 +65,7 @@ async def test_an_insert_with_its_vectors_and_the_commit_are_one_trip_each(
         with round_trips(monkeypatch) as sent:
             async with store.write() as tx:
                 await tx.insert(record, np.stack([unit(0, 1, 0), unit(0, 1, 1)]), vectors_due=True)
-        assert sent == ["routine", "routine", "routine"]  # begin, insert, commit
+        assert sent == ["routine", "routine"]  # begin; the insert with the commit
         rows = await store.reads.fetch(
             "SELECT embedder, vec_rows, vectors_due FROM records WHERE id = ?", [record.id]
         )
@@ -75,6 +75,44 @@ async def test_an_insert_with_its_vectors_and_the_commit_are_one_trip_each(
         assert [s.record.id for s in await store.lexical("deploy script", FILTERS, 5)] == [
             record.id
         ]
+    finally:
+        await store.close()
+
+
+async def test_a_queued_write_is_seen_by_the_next_read_and_its_failure_fails_the_commit(
+    tmp_path: Path,
+) -> None:
+    """A queued write (``Pipelined``) runs before whatever the connection does next, so a
+    read in the transaction sees it; if it fails, the transaction does, even when the
+    call that carried it was another task's (a ``write_mark``), and the store goes on."""
+    store = await SqliteStore.open(tmp_path / "m.db")
+    try:
+        kept = fact("the cache is warmed at start")
+        async with store.write() as tx:
+            await tx.insert(kept, None)
+            assert (await tx.get(kept.id)) == kept
+            assert await store.write_mark() is not None
+
+        twin = fact("the queue drains every night")
+        twin.id = kept.id  # the same id: its insert fails
+
+        async def insert_twin(carried_by_mark: bool) -> None:
+            async with store.write() as tx:
+                await tx.insert(fact("the queue is drained by cron"), None)
+                await tx.insert(twin, None)
+                if carried_by_mark:
+                    with pytest.raises(DATABASE_ERRORS):  # the driver's IntegrityError
+                        await store.write_mark()
+
+        for carried_by_mark in (False, True):
+            with pytest.raises(DATABASE_ERRORS):
+                await insert_twin(carried_by_mark)
+            assert store._writer.queued == [] and store._writer.failure is None
+            assert await store.lexical("queue", FILTERS, 5) == []
+        assert (await store.get(kept.id)) == kept
+        async with store.write() as tx:  # still usable
+            await tx.insert(fact("the queue drains every night"), None)
+        assert len(await store.lexical("queue", FILTERS, 5)) == 1
     finally:
         await store.close()
 

@@ -45,6 +45,10 @@ class SharedWrites:
     async def _execute(self, sql: str, params: Sequence[Any]) -> int:
         return await self.execute(self._sql(sql), params)
 
+    async def _write(self, sql: str, params: Sequence[Any]) -> None:
+        """A statement whose result is not wanted: a backend may send it with the next."""
+        await self._execute(sql, params)
+
     async def get(self, record_id: str) -> Record | None:
         """A record as this transaction sees it."""
         rows = await self._fetch(f"SELECT {SELECT} FROM records r WHERE r.id = ?", [record_id])
@@ -68,7 +72,7 @@ class SharedWrites:
         return done
 
     async def mark_vectors_due(self, record_id: str) -> None:
-        await self._execute("UPDATE records SET vectors_due = 1 WHERE id = ?", [record_id])
+        await self._write("UPDATE records SET vectors_due = 1 WHERE id = ?", [record_id])
 
     async def _inherit_due(self, from_id: str, to_id: str) -> None:
         """``to_id`` took ``from_id``'s vectors: what ``from_id`` still awaited, it awaits."""
@@ -78,7 +82,7 @@ class SharedWrites:
         """Retire ``old`` after its text moved into record ``new_id``'s ``merged_from``."""
         del entry  # the entry lives in the new record; the old row points at it
         # updated_at stays: restoring the record gives it back exactly as it was.
-        await self._execute(
+        await self._write(
             "UPDATE records SET archived_at = ?, archived_reason = 'folded', replaced_by = ? "
             "WHERE id = ?",
             [at, new_id, old.id],
@@ -86,7 +90,7 @@ class SharedWrites:
 
     async def replace(self, old: Record, new_id: str) -> None:
         """Make ``old`` history of ``new_id`` (superseded fact, previous goal or plan)."""
-        await self._execute("UPDATE records SET replaced_by = ? WHERE id = ?", [new_id, old.id])
+        await self._write("UPDATE records SET replaced_by = ? WHERE id = ?", [new_id, old.id])
 
     async def reinstate(self, old: Record, current: Record) -> bool:
         """Make ``old`` (history in ``current``'s chain) current again, and ``current`` its

@@ -50,7 +50,7 @@ from memory_mcp.storage.sqlite.sql import (
     record_of,
     storage_error,
 )
-from memory_mcp.storage.sqlite.transaction import Transaction
+from memory_mcp.storage.sqlite.transaction import Pipelined, Transaction
 from memory_mcp.storage.sqlite.upkeep import UpkeepReads
 from memory_mcp.storage.sqlite.vectors import (
     TABLE_NAME,
@@ -94,7 +94,7 @@ class SqliteStore(VectorTables, UpkeepReads):
         self,
         path: Path,
         driver: Driver,
-        writer: aiosqlite.Connection,
+        writer: Pipelined,
         reader: aiosqlite.Connection,
         *,
         vector_copy: bool = True,
@@ -159,7 +159,8 @@ class SqliteStore(VectorTables, UpkeepReads):
             conn.execute(f"PRAGMA journal_size_limit = {_WAL_KEEP_BYTES}")
             return conn
 
-        writer = await aiosqlite.Connection(writer_connector, iter_chunk_size=256)
+        writer = Pipelined(writer_connector, iter_chunk_size=256)
+        await writer  # its thread starts, the connection opens
         reader = await aiosqlite.Connection(connector, iter_chunk_size=256)
         return cls(
             path,
@@ -237,6 +238,7 @@ class SqliteStore(VectorTables, UpkeepReads):
                 with anyio.CancelScope(shield=True):
                     await on_thread(self._writer, self._commit, tx.journal)
             except BaseException as exc:
+                self._writer.discard()  # the queued writes it would have sent
                 with anyio.CancelScope(shield=True):
                     if self._writer.in_transaction:  # SQLite may have rolled back already
                         await self._writer.execute("ROLLBACK")
@@ -301,9 +303,11 @@ class SqliteStore(VectorTables, UpkeepReads):
         return self._mark(conn)
 
     def _commit(self, conn: sqlite3.Connection, journal: Journal) -> None:
-        """End a write transaction on the writer's thread, in one round trip: make the
-        postings of the records it queued (``postings``), delete the vectors its
-        retired records held, and commit."""
+        """End a write transaction on the writer's thread, in one round trip: its queued
+        writes first (``Pipelined``), then make the postings of the records it queued
+        (``postings``), delete the vectors its retired records held, and commit."""
+        if self._writer.failure is not None:  # a queued write that another call carried
+            raise self._writer.failure
         postings.index_due_sync(conn)
         sweep_retired(conn, journal, lambda: self._table_names(conn))
         conn.execute("COMMIT")

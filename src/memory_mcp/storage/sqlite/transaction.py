@@ -6,7 +6,7 @@ import json
 import logging
 import sqlite3
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import aiosqlite
 
@@ -46,18 +46,57 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+class Pipelined(aiosqlite.Connection):
+    """The writer's connection: a write whose result no one awaits (``queue``) waits and
+    runs on the connection's thread just before the next call, in the same round trip
+    (``on_thread``): a store's insert travels with its commit.
+
+    Every call goes through ``_execute``, so nothing reads past a queued write.
+    A queued write that fails fails the call it travelled with, and is kept in
+    ``failure`` for the transaction's commit to raise (the call may have been
+    another task's: a ``write_mark``). ``discard`` drops both (a rollback).
+    """
+
+    def __init__(self, connector: Callable[[], sqlite3.Connection], iter_chunk_size: int) -> None:
+        super().__init__(connector, iter_chunk_size)
+        self.queued: list[Callable[[sqlite3.Connection], object]] = []
+        self.failure: BaseException | None = None
+
+    def queue(self, routine: Callable[[sqlite3.Connection], object]) -> None:
+        self.queued.append(routine)
+
+    def discard(self) -> None:
+        self.queued, self.failure = [], None
+
+    async def _execute(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        if not self.queued:
+            return cast(T, await super()._execute(fn, *args, **kwargs))  # type: ignore[no-untyped-call]
+        queued, self.queued = self.queued, []
+
+        def queued_first() -> T:
+            try:
+                for routine in queued:
+                    routine(self._conn)
+            except BaseException as exc:
+                self.failure = exc
+                raise
+            return fn(*args, **kwargs)
+
+        return cast(T, await super()._execute(queued_first))  # type: ignore[no-untyped-call]
+
+
 class Transaction(SharedWrites, Queries):
     """One ``BEGIN IMMEDIATE`` transaction on the writer connection."""
 
     MARK = "?"
 
-    def __init__(
-        self, conn: aiosqlite.Connection, store: SqliteStore, began: object | None = None
-    ) -> None:
+    def __init__(self, conn: Pipelined, store: SqliteStore, began: object | None = None) -> None:
         super().__init__(conn, store)
+        self._writer = conn
         self._began = began  # the store's ``write_mark`` at its start
         self._touched: set[int] = set()  # records whose vectors this transaction changed
         self._changes_at_start = conn.total_changes
+        self._queued = False  # it queued a write (``Pipelined``)
         self.journal = Journal()  # what it did to vector rows (``vectors.Journal``)
 
     def _own_writes(self) -> Collection[int]:
@@ -66,7 +105,9 @@ class Transaction(SharedWrites, Queries):
     async def unchanged_since(self, mark: object | None) -> bool:
         """The store's ``write_mark`` at this transaction's start is ``mark``, and it has
         written nothing yet. The write lock held, nothing else can commit."""
-        if mark is None or self._touched or self._conn.total_changes != self._changes_at_start:
+        if mark is None or self._touched or self._queued:
+            return False
+        if self._conn.total_changes != self._changes_at_start:
             return False
         return mark == self._began
 
@@ -102,16 +143,34 @@ class Transaction(SharedWrites, Queries):
             self._touched.add(seq)
         return result
 
+    def _queue(self, routine: Callable[..., tuple[int | None, object]], *args: Any) -> None:
+        """Run a routine of this module with the writer's next round trip (``Pipelined``),
+        as ``_on_thread`` would: for a write whose result is not wanted."""
+        store, journal, touched = self._store, self.journal, self._touched
+
+        def run(conn: sqlite3.Connection) -> None:
+            seq, _ = routine(conn, journal, lambda: store._table_names(conn), *args)
+            if seq is not None:
+                touched.add(seq)
+
+        self._queued = True
+        self._writer.queue(run)
+
+    async def _write(self, sql: str, params: Sequence[Any]) -> None:
+        """A statement whose result is not wanted, sent with the next round trip."""
+        self._queued = True
+        self._writer.queue(lambda conn: conn.execute(self._sql(sql), params))
+
     async def insert(
         self, record: Record, vectors: Vector | None, *, vectors_due: bool = False
     ) -> None:
-        """Insert a new record with its passage vectors (one row per passage), in one
-        round trip to the writer's thread."""
+        """Insert a new record with its passage vectors (one row per passage), with the
+        writer's next round trip (a store's: its commit)."""
         rows = None
         if vectors is not None and record.embedder and record.current:  # only current ones
             table, blobs = await self._blobs(vectors, record.embedder)
             rows = (table, record.embedder, blobs)
-        await self._on_thread(_insert, record_params(record), rows, vectors_due)
+        self._queue(_insert, record_params(record), rows, vectors_due)
 
     async def _blobs(self, vectors: Vector, embedder: str) -> tuple[str, list[bytes]]:
         """The vec0 table for ``embedder``'s vectors (made if new), and the record's rows."""
