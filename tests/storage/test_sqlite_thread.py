@@ -184,7 +184,7 @@ async def test_the_wal_is_checkpointed_after_the_writes_not_inside_them(tmp_path
             await commit(n)
         assert store._checkpointing is None
         before, first_wal = path.stat().st_size, wal.stat().st_size
-        await commit(99)  # the eighth: a checkpoint starts, the commit does not wait for it
+        await commit(99)  # the last one due: a checkpoint starts, the commit does not wait
         assert store._checkpointing is not None
         await store._checkpointing
         checkpointed = path.stat().st_size
@@ -295,13 +295,13 @@ async def test_a_checkpoint_a_read_held_back_is_tried_again_at_the_next_commit(
         assert store._checkpoint_behind  # stopped at the reader's snapshot
         reader.execute("COMMIT")
         size = wal.stat().st_size
-        await commit(100)  # not the eighth: tried again all the same
+        await commit(100)  # not the one due: tried again all the same
         assert store._checkpointing is not None
         await store._checkpointing
         assert not store._checkpoint_behind
         for n in range(101, 101 + store_module._CHECKPOINT_COMMITS):
             await commit(n)
-        assert wal.stat().st_size <= size * 1.5  # started over (17 commits on: about 2x)
+        assert wal.stat().st_size <= size * 1.5  # started over, not grown by a round of commits
     finally:
         reader.close()
         await store.close()
