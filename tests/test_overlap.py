@@ -41,3 +41,24 @@ async def test_an_error_of_either_is_raised_as_itself() -> None:
         await alongside(fails, fine)
     with pytest.raises(LookupError, match="gone"):
         await alongside(fine, fails)
+
+
+async def test_a_cancellation_from_outside_is_raised_as_itself() -> None:
+    """Cancelled while ``main`` is shielded (a transaction's BEGIN) and ``aside`` runs:
+    ``aside`` ends without an outcome, and the cancellation goes on to the scope that
+    asked for it."""
+    ended: list[str] = []
+
+    async def aside() -> str:
+        await anyio.sleep(1)
+        return "a"
+
+    async def main() -> int:
+        with anyio.CancelScope(shield=True):
+            await anyio.sleep(0.1)
+        ended.append("main")
+        return 1
+
+    with anyio.move_on_after(0.05) as scope:
+        await alongside(aside, main)
+    assert scope.cancelled_caught and ended == ["main"]

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import anyio
+import anyio.lowlevel
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,9 @@ async def alongside(
     async with anyio.create_task_group() as group:
         group.start_soon(run, "aside", aside)
         await run("main", main)
+    if len(outcomes) < 2:  # cancelled from outside: the one cut short has no outcome
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        raise anyio.get_cancelled_exc_class()()
     (main_ok, main_value), (aside_ok, aside_value) = outcomes["main"], outcomes["aside"]
     if not main_ok:
         if not aside_ok:  # what is raised is main's: say what the other one was

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -82,37 +83,59 @@ async def test_an_insert_with_its_vectors_travels_with_the_commit(
 async def test_a_queued_write_is_seen_by_the_next_read_and_its_failure_fails_the_commit(
     tmp_path: Path,
 ) -> None:
-    """A queued write (``Pipelined``) runs before whatever the connection does next, so a
-    read in the transaction sees it; if it fails, the transaction does, even when the
-    call that carried it was another task's (a ``write_mark``), and the store goes on."""
+    """A queued write (``Pipelined``) runs before whatever the transaction does next, so
+    a read in it sees the write; if it fails, the transaction does, even when its call
+    was cut short. Another task's write mark carries none of it, and the next
+    transaction is not failed by it."""
     store = await SqliteStore.open(tmp_path / "m.db")
     try:
         kept = fact("the cache is warmed at start")
         async with store.write() as tx:
             await tx.insert(kept, None)
             assert (await tx.get(kept.id)) == kept
-            assert await store.write_mark() is not None
-
         twin = fact("the queue drains every night")
         twin.id = kept.id  # the same id: its insert fails
 
-        async def insert_twin(carried_by_mark: bool) -> None:
+        async def insert_twin(other_task_marks: bool) -> None:
             async with store.write() as tx:
                 await tx.insert(fact("the queue is drained by cron"), None)
                 await tx.insert(twin, None)
-                if carried_by_mark:
+                if other_task_marks:
+                    assert await asyncio.create_task(store.write_mark()) is not None
+                    assert store._writer.queued  # still this transaction's
+                else:
                     with pytest.raises(DATABASE_ERRORS):  # the driver's IntegrityError
-                        await store.write_mark()
+                        await tx.get(kept.id)
+                    assert tx.failure is not None  # a caller that went on commits nothing
 
-        for carried_by_mark in (False, True):
+        for other_task_marks in (True, False):
             with pytest.raises(DATABASE_ERRORS):
-                await insert_twin(carried_by_mark)
-            assert store._writer.queued == [] and store._writer.failure is None
+                await insert_twin(other_task_marks)
+            assert store._writer.queued == []
             assert await store.lexical("queue", FILTERS, 5) == []
         assert (await store.get(kept.id)) == kept
-        async with store.write() as tx:  # still usable
+        async with store.write() as tx:  # the next transaction is not failed by it
             await tx.insert(fact("the queue drains every night"), None)
         assert len(await store.lexical("queue", FILTERS, 5)) == 1
+    finally:
+        await store.close()
+
+
+async def test_a_transactions_vector_reads_see_its_queued_insert(tmp_path: Path) -> None:
+    """Reads of the vector copy in a transaction merge its own writes (``_own_writes``):
+    those queued are sent first, so that their records are known."""
+    store = await SqliteStore.open(tmp_path / "m.db")
+    try:
+        a, b, c = (fact(t, embedder="m") for t in ("alpha", "beta", "gamma"))
+        async with store.write() as tx:
+            await tx.insert(a, unit(1, 0, 0)[None, :])
+        await store.nearest(unit(1, 0, 0), "m", FILTERS, 5)  # loads the copy
+        async with store.write() as tx:
+            await tx.insert(b, unit(0, 1, 0)[None, :])
+            assert [h.record.id for h in await tx.nearest(unit(0, 1, 0), "m", FILTERS, 1)] == [b.id]
+            await tx.insert(c, unit(0, 0, 1)[None, :])
+            hits, scores = await tx.nearest_with_scores(unit(0, 0, 1), "m", FILTERS, 1, [b.id])
+            assert [h.record.id for h in hits] == [c.id] and abs(scores[b.id]) < 1e-3
     finally:
         await store.close()
 

@@ -312,7 +312,7 @@ class Queries:
         """
         import numpy as np
 
-        own = self._own_writes()
+        own = await self._own_writes()
         if not own:
             return rowids, sims
         where, params = filters_sql(filters)
@@ -414,7 +414,7 @@ class Queries:
         rowids = [r for seq, _, n, _ in slots for r in rowids_of(int(seq), int(n))]
         scopes = {str(key) for *_, key in slots}
         held = await self._store._cosines(table, embedder, vector, scopes, rowids)
-        own = self._own_writes()
+        own = await self._own_writes()
         found = {r: s for r, s in held.items() if owner_of(r) not in own}
         rows = await self._cosines_vec0(table, vector, [r for r in rowids if r not in found])
         found.update(rows)
@@ -465,7 +465,7 @@ class Queries:
         seqs.update(q for _, others in found.values() for _, q in others)
         rowids = sorted(rowids_of(seq, 1)[0] for seq in seqs)
         rowid, vectors = await self._store._vectors(table, rowids)
-        own = self._own_writes()
+        own = await self._own_writes()
         vector_of = {
             owner_of(r): vectors[i] for i, r in enumerate(rowid.tolist()) if owner_of(r) not in own
         }
@@ -494,7 +494,7 @@ class Queries:
         )
         return {int(r): np.frombuffer(bytes(blob), dtype=np.float32) for r, blob in rows}
 
-    def _own_writes(self) -> Collection[int]:
+    async def _own_writes(self) -> Collection[int]:
         """Records whose vectors this connection wrote and has not committed."""
         return ()
 

@@ -54,7 +54,6 @@ from memory_mcp.storage.sqlite.transaction import Pipelined, Transaction
 from memory_mcp.storage.sqlite.upkeep import UpkeepReads
 from memory_mcp.storage.sqlite.vectors import (
     TABLE_NAME,
-    Journal,
     VectorTables,
     rowids_of,
     sweep_retired,
@@ -239,7 +238,7 @@ class SqliteStore(VectorTables, UpkeepReads):
                 tx = Transaction(self._writer, self, began)
                 yield tx
                 with anyio.CancelScope(shield=True):
-                    await on_thread(self._writer, self._commit, tx.journal)
+                    await on_thread(self._writer, self._commit, tx)
             except BaseException as exc:
                 self._writer.discard()  # the queued writes it would have sent
                 with anyio.CancelScope(shield=True):
@@ -305,20 +304,20 @@ class SqliteStore(VectorTables, UpkeepReads):
         conn.execute("BEGIN IMMEDIATE")
         return self._mark(conn)
 
-    def _commit(self, conn: sqlite3.Connection, journal: Journal) -> None:
+    def _commit(self, conn: sqlite3.Connection, tx: Transaction) -> None:
         """End a write transaction on the writer's thread, in one round trip: its queued
         writes first (``Pipelined``), then make the postings of the records it queued
         (``postings``), delete the vectors its retired records held, and commit."""
-        if self._writer.failure is not None:  # a queued write that another call carried
-            raise self._writer.failure
+        if tx.failure is not None:  # a queued write failed with a call that went on
+            raise tx.failure
         postings.index_due_sync(conn)
-        sweep_retired(conn, journal, lambda: self._table_names(conn))
+        sweep_retired(conn, tx.journal, lambda: self._table_names(conn))
         conn.execute("COMMIT")
         self._own_commits += 1
 
     async def write_mark(self) -> object | None:
         """What has been committed, as the writer sees it (``_mark``)."""
-        return await on_thread(self._writer, self._mark)
+        return await self._writer.unqueued(self._mark)  # an open transaction's queue stays
 
     def _mark(self, conn: sqlite3.Connection) -> tuple[int, int]:
         """The writer's ``PRAGMA data_version``, which every other connection's commit

@@ -51,22 +51,26 @@ class Pipelined(aiosqlite.Connection):
     runs on the connection's thread just before the next call, in the same round trip
     (``on_thread``): a store's insert travels with its commit.
 
-    Every call goes through ``_execute``, so nothing reads past a queued write.
-    A queued write that fails fails the call it travelled with, and is kept in
-    ``failure`` for the transaction's commit to raise (the call may have been
-    another task's: a ``write_mark``). ``discard`` drops both (a rollback).
+    Every call goes through ``_execute``, so nothing reads past a queued write;
+    ``unqueued`` is for a call whose answer does not depend on them (the write
+    mark, which other tasks ask for while a transaction is open). A queued write
+    that fails fails the call it travelled with, and its transaction
+    (``Transaction.failure``); ``discard`` drops what is queued (a rollback).
     """
 
     def __init__(self, connector: Callable[[], sqlite3.Connection], iter_chunk_size: int) -> None:
         super().__init__(connector, iter_chunk_size)
         self.queued: list[Callable[[sqlite3.Connection], object]] = []
-        self.failure: BaseException | None = None
 
     def queue(self, routine: Callable[[sqlite3.Connection], object]) -> None:
         self.queued.append(routine)
 
     def discard(self) -> None:
-        self.queued, self.failure = [], None
+        self.queued = []
+
+    async def unqueued(self, routine: Callable[..., T], *args: Any) -> T:
+        """``routine(connection, *args)`` on the thread, without what is queued."""
+        return cast(T, await super()._execute(lambda: routine(self._conn, *args)))  # type: ignore[no-untyped-call]
 
     async def _execute(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         if not self.queued:
@@ -74,12 +78,8 @@ class Pipelined(aiosqlite.Connection):
         queued, self.queued = self.queued, []
 
         def queued_first() -> T:
-            try:
-                for routine in queued:
-                    routine(self._conn)
-            except BaseException as exc:
-                self.failure = exc
-                raise
+            for routine in queued:
+                routine(self._conn)
             return fn(*args, **kwargs)
 
         return cast(T, await super()._execute(queued_first))  # type: ignore[no-untyped-call]
@@ -97,9 +97,12 @@ class Transaction(SharedWrites, Queries):
         self._touched: set[int] = set()  # records whose vectors this transaction changed
         self._changes_at_start = conn.total_changes
         self._queued = False  # it queued a write (``Pipelined``)
+        self.failure: BaseException | None = None  # what a queued write of it raised
         self.journal = Journal()  # what it did to vector rows (``vectors.Journal``)
 
-    def _own_writes(self) -> Collection[int]:
+    async def _own_writes(self) -> Collection[int]:
+        if self._writer.queued:  # the records a queued write changes are known once it ran
+            await on_thread(self._writer, _nothing)
         return self._touched
 
     async def unchanged_since(self, mark: object | None) -> bool:
@@ -153,13 +156,25 @@ class Transaction(SharedWrites, Queries):
             if seq is not None:
                 touched.add(seq)
 
-        self._queued = True
-        self._writer.queue(run)
+        self._later(run)
 
     async def _write(self, sql: str, params: Sequence[Any]) -> None:
         """A statement whose result is not wanted, sent with the next round trip."""
+        self._later(lambda conn: conn.execute(self._sql(sql), params))
+
+    def _later(self, write: Callable[[sqlite3.Connection], object]) -> None:
+        """Queue ``write`` on the writer's connection; if it fails, so does the commit,
+        whatever call carried it (one whose caller went on regardless)."""
+
+        def run(conn: sqlite3.Connection) -> None:
+            try:
+                write(conn)
+            except BaseException as exc:
+                self.failure = exc
+                raise
+
         self._queued = True
-        self._writer.queue(lambda conn: conn.execute(self._sql(sql), params))
+        self._writer.queue(run)
 
     async def insert(
         self, record: Record, vectors: Vector | None, *, vectors_due: bool = False
@@ -349,6 +364,10 @@ class Transaction(SharedWrites, Queries):
             [holder, until, None if cursor is None else json.dumps(cursor), task, holder, now],
         )
         return changed > 0
+
+
+def _nothing(conn: sqlite3.Connection) -> None:
+    """A trip that only carries what is queued (``Pipelined``)."""
 
 
 # Routines run on the writer's thread (``Transaction._on_thread``): each takes the
