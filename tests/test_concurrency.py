@@ -69,20 +69,19 @@ async def test_two_processes_storing_paraphrases_at_once_end_with_one_canonical_
 async def test_neighbours_read_before_the_lock_are_read_again_after_a_commit(
     memory: MemoryService, project: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A store reads its rare words' records while it embeds, and its neighbours while it
-    takes the write lock; a paraphrase committed after the first read is still what it
-    folds into (the reads are made again under the lock)."""
-    real, rare = write.neighbours, write.rare_lexical
+    """A store reads its neighbours before the write lock; a paraphrase committed after
+    that read is still what it folds into (the reads are made again under the lock)."""
+    real = write.neighbours
     raced: list[str] = []
 
     async def racing(reads: object, record: object, *args: object, **kwargs: object) -> object:
-        found = await rare(reads, record, *args, **kwargs)  # type: ignore[arg-type]
+        found = await real(reads, record, *args, **kwargs)  # type: ignore[arg-type]
         if reads is memory.engine.store and not raced:  # read before the lock: commit meanwhile
             raced.append("")
             raced[0] = (await memory.store(PARAPHRASES[0][0], cwd=project)).id
         return found
 
-    monkeypatch.setattr(write, "rare_lexical", racing)
+    monkeypatch.setattr(write, "neighbours", racing)
     second = await memory.store(PARAPHRASES[0][1], cwd=project)
     marks = await memory.engine.store.write_mark() is not None  # Postgres: reads under the lock
     assert bool(raced) == marks
@@ -97,7 +96,6 @@ async def test_neighbours_read_before_the_lock_are_read_again_after_a_commit(
         calls.append(reads)
         return await real(reads, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(write, "rare_lexical", rare)
     monkeypatch.setattr(write, "neighbours", counted)
     await memory.store("The release branch is cut every second Tuesday", cwd=project)
     assert len(calls) == 1 and (calls[0] is memory.engine.store) == marks

@@ -7,8 +7,8 @@ in batches). ``apply`` runs inside one write transaction:
 it reads the nearest records of the same scope and corpus, decides what the
 new text is to them, and writes the outcome - so two processes storing one
 fact at once end with one canonical record. (A single fact's nearest records
-are read while the lock is taken, and used under it only if nothing was
-committed since the exact-repeat check: ``Nearby``.)
+are read before the lock, and used under it only if nothing was committed
+since: ``Nearby``.)
 
 Update rules per corpus (see ``records``): facts fold / supersede / conflict /
 insert; journal entries append, folding exact repeats; a goal or plan replaces
@@ -24,7 +24,6 @@ import threading
 import time
 import unicodedata
 from collections.abc import Awaitable, Callable, Sequence
-from contextlib import AsyncExitStack
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -562,9 +561,9 @@ async def _store_drafts(
     defer = len(fresh) == 1
     scope_keys = {k for d in drafts for k in d.scope_keys}
     one_fact = defer and fresh[0].corpus == "facts"
-    lexical: list[Scored] = []
+    nearby: Nearby | None = None
     if one_fact:  # it loads the scopes' vectors itself, beside the model
-        vectors, lexical = await _embed_one(engine, fresh[0], scope_keys, mark)
+        vectors, nearby = await _one_fact(engine, fresh[0], scope_keys, mark)
     else:
         vectors = await engine.embed_records([d.record.content for d in fresh], whole_only=defer)
     vector_of = dict(zip((id(d) for d in fresh), vectors or [], strict=False))
@@ -579,20 +578,9 @@ async def _store_drafts(
         return await engine.embed_records([text], whole_only=True)
 
     results: list[StoreResult | InvalidInput] = []
-    nearby: Nearby | None = None
     for start in range(0, len(items), _COMMIT_BATCH):
         batch = items[start : start + _COMMIT_BATCH]
-        async with AsyncExitStack() as stack:
-            if one_fact and not start:  # its neighbours are read while the lock is taken
-
-                async def nearest() -> Nearby | None:
-                    return await _nearby(engine, fresh[0], vectors, lexical, mark)
-
-                nearby, tx = await alongside(  # the lock is this task's: it enters here
-                    nearest, lambda: stack.enter_async_context(engine.store.write())
-                )
-            else:
-                tx = await stack.enter_async_context(engine.store.write())
+        async with engine.store.write() as tx:
             for item in batch:
                 if isinstance(item, InvalidInput):
                     results.append(item)
@@ -615,58 +603,40 @@ async def _store_drafts(
     return results
 
 
-async def _embed_one(
+async def _one_fact(
     engine: Engine, draft: Draft, scope_keys: set[str], mark: object | None
-) -> tuple[list[Vector] | None, list[Scored]]:
-    """One fact's whole-text vector, and the records its rarest words find.
+) -> tuple[list[Vector] | None, Nearby | None]:
+    """One fact's whole-text vector, and its neighbours read before the write lock.
 
-    The words are looked up, and the scopes' vectors loaded, while the model embeds
-    it (the database and the model each release the GIL).
+    Its rarest words are looked up, and the scopes' vectors loaded, while the model
+    embeds it (the database and the model each release the GIL); then its nearest
+    records by that vector. ``apply`` uses them if nothing was committed since the
+    store's ``mark``, taken before the exact-repeat check, and reads them again under
+    the lock otherwise: at 50,000 memories they are a few ms of a store, and the lock
+    is held for less.
     """
     store, settings = engine.store, engine.settings.fold
     identity = engine.embeddings.identity
+    filters = draft.same_corpus
 
     async def read_first() -> list[Scored]:
         if identity is not None:
             await store.load_vectors(identity, scope_keys)
         if mark is None:
             return []
-        return await rare_lexical(store, draft.record, draft.same_corpus, settings)
+        return await rare_lexical(store, draft.record, filters, settings)
 
     lexical, vectors = await alongside(
         read_first, lambda: engine.embed_records([draft.record.content], whole_only=True)
     )
-    return vectors, lexical
-
-
-async def _nearby(
-    engine: Engine,
-    draft: Draft,
-    vectors: list[Vector] | None,
-    lexical: list[Scored],
-    mark: object | None,
-) -> Nearby | None:
-    """One fact's neighbours (``neighbours``, with its rare words' records ``lexical``),
-    read on the reader while the writer takes the write lock.
-
-    ``apply`` uses them if nothing was committed since the store's ``mark``, taken
-    before the exact-repeat check, and reads them again under the lock otherwise:
-    the lock is then taken while they are read, not after.
-    """
     if mark is None:
-        return None
+        return vectors, None
     embedder = engine.embeddings.identity if vectors is not None else None
     own = vectors[0] if vectors is not None else None  # its passages' vectors (whole text)
     candidates = await neighbours(
-        engine.store,
-        draft.record,
-        own,
-        embedder,
-        draft.same_corpus,
-        engine.settings.fold,
-        lexical=lexical,
+        store, draft.record, own, embedder, filters, settings, lexical=lexical
     )
-    return Nearby(mark, candidates)
+    return vectors, Nearby(mark, candidates)
 
 
 class _Scopes:
