@@ -65,12 +65,15 @@ def lexical_sql(where: str, *, narrowed: bool = False) -> str:
     keeps the first of its records that pass them, as many as asked, before any is
     scored (as on SQLite: ``sqlite.postings.top_sql``).
     """
+    # The walk's order is the key's, backwards: postings of equal impact newest first, as
+    # SQLite's walk reads them. With the impact alone, which of the postings tied at the
+    # walk's end it kept was the plan's choice (another for a narrowed walk).
     first = "SELECT p.seq, p.impact FROM postings p WHERE p.list = l.id AND p.term = f.term "
-    first += "ORDER BY p.impact DESC LIMIT %s"
+    first += "ORDER BY p.impact DESC, p.seq DESC LIMIT %s"
     if narrowed:  # the join may not keep the walk's order: ordered again before the cut
         first = (
             f"SELECT p.seq, p.impact FROM ({first}) p JOIN records r ON r.seq = p.seq "
-            f"WHERE {where} ORDER BY p.impact DESC, p.seq LIMIT %s"
+            f"WHERE {where} ORDER BY p.impact DESC, p.seq DESC LIMIT %s"
         )
     return f"""
 WITH candidates AS MATERIALIZED (
