@@ -133,8 +133,9 @@ def narrowed(filters: Filters, depth: int, k: int) -> bool:
     Both give the same k while a walk keeps all it reads (``kept_per_walk``): the
     candidates that pass are the same, so are their scores. A kind, a tag, a time
     drops most candidates, which are then not scored; what a reader may see drops
-    few, and filtering every posting cost more than it saved (0.7 of 2 ms of a
-    store's rare-word lookup at 50,000 memories), so it waits for a deeper round.
+    few, and filtering every posting cost more than it saved (at 50,000 memories,
+    warm: a store's rare-word lookup 1.46 against 1.32 ms, a 60-record search 8.8
+    against 6.6 ms), so it waits for a deeper round.
     """
     return filters.narrowing or (filters.selective and depth > kept_per_walk(k))
 
