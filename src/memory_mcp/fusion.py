@@ -34,7 +34,6 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from memory_mcp import ranker
-from memory_mcp.embedders.base import normalize_rows
 from memory_mcp.lexical import stems
 from memory_mcp.records import Hit, Record
 from memory_mcp.secret_scan import redact_text
@@ -193,14 +192,18 @@ async def read_around(
         return
     # The refined query's cosine with each candidate's whole text, alone and read
     # with a neighbour.
-    cosines = normalize_rows(whole) @ refined
+    cosines = (whole @ refined) / _lengths(whole)
     found.feedback = dict(zip(names, cosines.tolist(), strict=True))
     for rid, value in _paired(refined, pairs).items():
         found.feedback[rid] = max(value, found.feedback[rid])
 
 
-def _pairs(names: list[str], around: dict[str, Around]) -> tuple[list[str], Vector]:
-    """Each record with a neighbour, and the unit vector of the two read together.
+_Pairs = tuple[list[str], Vector, Vector]
+
+
+def _pairs(names: list[str], around: dict[str, Around]) -> _Pairs:
+    """Each record with a neighbour, the two read together (the sum of their vectors),
+    and that sum's length.
 
     A record appears once per neighbour it has (before, after).
     """
@@ -208,20 +211,31 @@ def _pairs(names: list[str], around: dict[str, Around]) -> tuple[list[str], Vect
 
     owners = [rid for rid in names for _ in around[rid].neighbours]
     if not owners:
-        return [], np.zeros((0, 0), np.float32)
+        return [], np.zeros((0, 0), np.float32), np.zeros(0, np.float32)
     joint = np.stack(
         [around[rid].vector + other for rid in names for other in around[rid].neighbours.values()]
     )
-    return owners, normalize_rows(joint)
+    return owners, joint, _lengths(joint)
 
 
-def _paired(query: Vector, pairs: tuple[list[str], Vector]) -> dict[str, float]:
+def _lengths(rows: Vector) -> Vector:
+    """Each row's length (1 for a zero row), without a temporary the size of ``rows``:
+    an array of 256 KB or more is a fresh mapping, faulted in page by page, and a
+    search's pairs are about 360 KB."""
+    import numpy as np
+
+    lengths: Vector = np.sqrt(np.einsum("ij,ij->i", rows, rows))
+    lengths[lengths == 0] = 1.0
+    return lengths
+
+
+def _paired(query: Vector, pairs: _Pairs) -> dict[str, float]:
     """The query's cosine with each record read with its closest neighbour."""
-    owners, matrix = pairs
+    owners, joint, lengths = pairs
     found: dict[str, float] = {}
     if not owners:
         return found
-    for rid, value in zip(owners, (matrix @ query).tolist(), strict=True):
+    for rid, value in zip(owners, ((joint @ query) / lengths).tolist(), strict=True):
         found[rid] = max(value, found.get(rid, value))
     return found
 

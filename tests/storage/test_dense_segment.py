@@ -303,3 +303,26 @@ def test_rows_a_filter_drops_take_no_exact_slot() -> None:
     best = np.argsort(-sims)[:20]
     assert np.allclose(sims[best], truth[best], rtol=0, atol=1e-6)
     assert set(best.tolist()) == set(np.argsort(-truth)[:20].tolist())
+
+
+def test_vectors_of_gives_rows_by_rowid_from_every_scope() -> None:
+    """Rows asked for come back in rowid order with their vectors, whichever scope holds
+    them and in whatever order they were written (a tail after the sort, a second scope)."""
+    rng = np.random.default_rng(3)
+    index = dense.DenseIndex("vec_1", "e", 8)
+    vectors = rng.normal(size=(6, 8)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    first, second = _Segment(8), _Segment(8)
+    first.append(np.array([64, 320]), np.zeros(2, np.int16), np.zeros(2, np.int16), vectors[:2])
+    assert len(first.find(np.array([64]))) == 1  # sorted: what follows is its tail
+    first.append(np.array([256, 128]), np.zeros(2, np.int16), np.zeros(2, np.int16), vectors[2:4])
+    second.append(np.array([192, 0]), np.zeros(2, np.int16), np.zeros(2, np.int16), vectors[4:])
+    index._segments.update(a=first, b=second)
+    expected = {64: vectors[0], 320: vectors[1], 256: vectors[2], 128: vectors[3], 192: vectors[4]}
+    for asked in ([320, 256, 128, 64], [64, 128, 192, 256, 320, 999], [256]):
+        rowids, rows = index.vectors_of(asked)
+        held = sorted(r for r in asked if r in expected)
+        assert rowids.tolist() == held
+        assert np.allclose(rows, [expected[r] for r in held], atol=0.01)
+    rowids, rows = index.vectors_of([])
+    assert rowids.tolist() == [] and rows.shape == (0, 8)

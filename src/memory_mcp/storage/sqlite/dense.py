@@ -355,9 +355,15 @@ class _Segment:
         return keep
 
     def vectors(self, positions: npt.NDArray[np.int64]) -> Vector:
-        """These rows as float32 vectors (from the int8 codes: unit length to about 1%)."""
+        """These rows as float32 vectors (from the int8 codes: unit length to about 1%).
+
+        Scaled in place: an array of 256 KB or more is a fresh mapping, faulted in page
+        by page (``_EXACT_BLOCK``): a search's neighbours in time, about 350 rows, took
+        0.97 ms with four copies of 537 KB (``DenseIndex.vectors_of``), 0.36 ms with one.
+        """
         rows: Vector = self.codes.take(positions).astype(np.float32)
-        return rows * self.scale[positions][:, None]
+        rows *= self.scale[positions][:, None]
+        return rows
 
     def cosines(self, query: Vector, keep: npt.NDArray[np.bool_] | None = None) -> Vector:
         """The cosine of every row with the unit vector ``query`` (dropped rows too): the
@@ -968,9 +974,14 @@ class DenseIndex:
                 held.append(segment.vectors(at))
         if not found:
             return np.zeros(0, np.int64), np.zeros((0, self.dim), np.float32)
-        rowid, vectors = np.concatenate(found), np.concatenate(held)
-        order = np.argsort(rowid, kind="stable")
-        return rowid[order], vectors[order]
+        if len(found) == 1:  # one scope's rows, each a copy made for this call
+            rowid, vectors = found[0], held[0]
+        else:
+            rowid, vectors = np.concatenate(found), np.concatenate(held)
+        if len(rowid) > 1 and not bool((rowid[1:] > rowid[:-1]).all()):
+            order = np.argsort(rowid, kind="stable")
+            rowid, vectors = rowid[order], vectors[order]
+        return rowid, vectors
 
 
 def _unit(vector: Vector) -> Vector:
