@@ -117,6 +117,53 @@ def test_m002_counts_emphasis_of_existing_records(tmp_path: Path) -> None:
     assert list(tmp_path.glob("m.db.backup-*-before-m002_emphasis"))
 
 
+def test_m010_gives_every_posting_its_records_kind(tmp_path: Path) -> None:
+    """A database whose postings predate their kind column gets it filled from the
+    records; the postings' index and the trigger that deletes them still work."""
+    db = tmp_path / "m.db"
+    conn = connect(str(db))
+    migrate(conn, db_path=db, connect=connect, migrations=MIGRATIONS[:7])
+    for n, kind in enumerate(["fact", "decision", "gotcha"]):
+        conn.execute(
+            "INSERT INTO records (id, corpus, kind, scope, scope_key, content, content_hash, "
+            "agent, created_at, updated_at) VALUES (?, 'facts', ?, 'project', '/repo', ?, ?, "
+            "'cli', 'x', 'x')",
+            [f"f_{n}", kind, f"deploys go out on day {n} after the build", f"h{n}"],
+        )
+    conn.commit()
+    migrate(conn, db_path=db, connect=connect, migrations=MIGRATIONS[:9])
+    # the postings as m008 made them before they had a kind
+    conn.execute("BEGIN")
+    conn.execute("CREATE TABLE earlier AS SELECT list, term, impact, seq, tf, dl FROM postings")
+    conn.execute("DROP TABLE postings")
+    conn.execute(
+        "CREATE TABLE postings (list INTEGER NOT NULL, term TEXT NOT NULL, impact REAL NOT "
+        "NULL, seq INTEGER NOT NULL, tf REAL NOT NULL, dl INTEGER NOT NULL, "
+        "PRIMARY KEY (list, term, impact, seq)) WITHOUT ROWID"
+    )
+    conn.execute("CREATE INDEX postings_seq ON postings (seq, term, tf, dl)")
+    conn.execute("INSERT INTO postings SELECT * FROM earlier")
+    conn.execute("DROP TABLE earlier")
+    conn.execute("COMMIT")
+    count = conn.execute("SELECT count(*) FROM postings").fetchone()[0]
+    assert count > 9
+    assert migrate(conn, db_path=db, connect=connect) == ["m010_postings_kind"]
+    rows = conn.execute(
+        "SELECT p.kind, r.kind FROM postings p JOIN records r ON r.seq = p.seq"
+    ).fetchall()
+    assert len(rows) == count and all(mine == theirs for mine, theirs in rows)
+    plan = " ".join(
+        str(row[-1])
+        for row in conn.execute("EXPLAIN QUERY PLAN SELECT term FROM postings WHERE seq = 1")
+    )
+    assert "postings_seq" in plan
+    conn.execute("DELETE FROM records WHERE id = 'f_1'")  # its postings go with it
+    conn.commit()
+    kinds = {row[0] for row in conn.execute("SELECT kind FROM postings")}
+    assert kinds == {"fact", "gotcha"}
+    assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+
+
 def test_the_error_classes_cover_every_sqlite_module() -> None:
     import sqlite3
 

@@ -34,23 +34,25 @@ async def exhaustive(
 
 
 async def in_step(store: SqliteStore) -> None:
-    """Every current record has exactly its postings, in its list; no other record any."""
+    """Every current record has exactly its postings, in its list, with its kind; no other
+    record any."""
     rows = await store.reads.fetch(
-        "SELECT seq, scope_key, corpus, live, content, merged_text, tags FROM records"
+        "SELECT seq, scope_key, corpus, live, content, merged_text, tags, kind FROM records"
     )
     lists = {
         (k, c): n
         for n, k, c in await store.reads.fetch("SELECT id, scope_key, corpus FROM posting_lists")
     }
-    for seq, scope_key, corpus, live, content, merged_text, tags in rows:
+    for seq, scope_key, corpus, live, content, merged_text, tags, kind in rows:
         held = await store.reads.fetch(
-            "SELECT list, term, impact, seq, tf, dl FROM postings WHERE seq = ? ORDER BY term",
+            "SELECT list, term, impact, seq, tf, dl, kind FROM postings WHERE seq = ? "
+            "ORDER BY term",
             [seq],
         )
         expected = (
             sorted(
                 (lists[(scope_key, corpus)], *row)
-                for row in postings.posting_rows(seq, content, merged_text, tags)
+                for row in postings.posting_rows(seq, content, merged_text, tags, kind)
             )
             if live
             else []

@@ -274,6 +274,34 @@ def _m009_worth(conn: sqlite3.Connection) -> None:
     )
 
 
+def _m010_postings_kind(conn: sqlite3.Connection) -> None:
+    """Each posting keeps its record's kind (``postings.top_sql``: a search for some kinds
+    walks their postings only). A database that m008 gave them already is left alone.
+
+    The postings are copied with their records' kinds (a few seconds a million), in key
+    order, into the table made again; the old one is renamed out of the way first, with
+    the triggers that name ``postings`` left as they are.
+    """
+    from memory_mcp.storage.sqlite import postings
+
+    if "kind" in {str(row[1]) for row in conn.execute("PRAGMA table_info(postings)")}:
+        return
+    legacy = conn.execute("PRAGMA legacy_alter_table").fetchone()[0]
+    conn.execute("PRAGMA legacy_alter_table = ON")  # leaves the triggers' text as it is
+    try:
+        conn.execute("ALTER TABLE postings RENAME TO postings_before_kind")
+    finally:
+        conn.execute(f"PRAGMA legacy_alter_table = {int(legacy)}")
+    conn.execute("DROP INDEX postings_seq")
+    _script(postings.POSTINGS)(conn)
+    conn.execute(
+        "INSERT INTO postings (list, term, impact, seq, tf, dl, kind) "
+        "SELECT p.list, p.term, p.impact, p.seq, p.tf, p.dl, r.kind "
+        "FROM postings_before_kind p JOIN records r ON r.seq = p.seq"
+    )
+    conn.execute("DROP TABLE postings_before_kind")
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration("m001_records", _script(M001_RECORDS)),
     Migration("m002_emphasis", _m002_emphasis),
@@ -284,6 +312,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration("m007_vectors_due", _script(M007_VECTORS_DUE)),
     Migration("m008_postings", _m008_postings),
     Migration("m009_worth", _m009_worth),
+    Migration("m010_postings_kind", _m010_postings_kind),
 )
 
 

@@ -40,16 +40,11 @@ from memory_mcp.storage.bm25 import K1, B, document_terms, impact, indexed_colum
 from memory_mcp.storage.rows import SELECT
 from memory_mcp.storage.sqlite.sql import marks
 
-SCHEMA = """
--- The lists: one per scope key and corpus, numbered.
-CREATE TABLE posting_lists (
-    id INTEGER PRIMARY KEY,
-    scope_key TEXT NOT NULL,
-    corpus TEXT NOT NULL,
-    UNIQUE (scope_key, corpus)
-);
+# The postings themselves, with their record index (made again by a migration).
+POSTINGS = """
 -- One row per current record and stem: its weighted frequency and the record's length
--- (BM25's f and |D|), listed by impact (storage/sqlite/postings.py).
+-- (BM25's f and |D|), listed by impact (storage/sqlite/postings.py), with the record's
+-- kind, which a walk for some kinds reads in the row.
 CREATE TABLE postings (
     list INTEGER NOT NULL,
     term TEXT NOT NULL,
@@ -57,10 +52,20 @@ CREATE TABLE postings (
     seq INTEGER NOT NULL,
     tf REAL NOT NULL,
     dl INTEGER NOT NULL,
+    kind TEXT NOT NULL,
     PRIMARY KEY (list, term, impact, seq)
 ) WITHOUT ROWID;
 CREATE INDEX postings_seq ON postings (seq, term, tf, dl);
--- Records whose postings must be made again before the transaction commits.
+"""
+SCHEMA = f"""
+-- The lists: one per scope key and corpus, numbered.
+CREATE TABLE posting_lists (
+    id INTEGER PRIMARY KEY,
+    scope_key TEXT NOT NULL,
+    corpus TEXT NOT NULL,
+    UNIQUE (scope_key, corpus)
+);
+{POSTINGS}-- Records whose postings must be made again before the transaction commits.
 CREATE TABLE postings_due (seq INTEGER PRIMARY KEY);
 CREATE TRIGGER postings_insert AFTER INSERT ON records BEGIN
     INSERT OR IGNORE INTO postings_due (seq) VALUES (new.seq);
@@ -76,25 +81,27 @@ END;
 
 
 def posting_rows(
-    seq: int, content: str, merged_text: str, tags: str
-) -> list[tuple[str, float, int, float, int]]:
-    """(term, impact, seq, tf, dl) for one record, as the full-text index reads it."""
+    seq: int, content: str, merged_text: str, tags: str, kind: str
+) -> list[tuple[str, float, int, float, int, str]]:
+    """(term, impact, seq, tf, dl, kind) for one record, as the full-text index reads it."""
     length, weighted = document_terms(indexed_columns(content, merged_text, json.loads(tags)))
-    return [(term, impact(tf, length), seq, tf, length) for term, tf in weighted.items()]
+    return [(term, impact(tf, length), seq, tf, length, kind) for term, tf in weighted.items()]
 
 
 # Keeping in step -------------------------------------------------------------------------
 
 # Queued records, a batch at a time (a migration or a repair queues every record).
 DUE_SQL = (
-    "SELECT d.seq, r.scope_key, r.corpus, r.live, r.content, r.merged_text, r.tags "
+    "SELECT d.seq, r.scope_key, r.corpus, r.live, r.content, r.merged_text, r.tags, r.kind "
     "FROM postings_due d LEFT JOIN records r ON r.seq = d.seq "
     "WHERE d.seq > ? ORDER BY d.seq LIMIT 2000"
 )
 ADD_LIST_SQL = "INSERT OR IGNORE INTO posting_lists (scope_key, corpus) VALUES (?, ?)"
 LISTS_SQL = "SELECT id, scope_key, corpus FROM posting_lists"
 CLEAR_SQL = "DELETE FROM postings WHERE seq = ?"
-INSERT_SQL = "INSERT INTO postings (list, term, impact, seq, tf, dl) VALUES (?, ?, ?, ?, ?, ?)"
+INSERT_SQL = (
+    "INSERT INTO postings (list, term, impact, seq, tf, dl, kind) VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
 
 
 def lists_wanted(due: Iterable[Sequence[Any]]) -> list[tuple[str, str]]:
@@ -113,12 +120,13 @@ def rows_for(
     """The records to clear and the postings to write for queued rows (``DUE_SQL``)."""
     clear: list[int] = []
     out: list[tuple[Any, ...]] = []
-    for seq, scope_key, corpus, live, content, merged_text, tags in due:
+    for seq, scope_key, corpus, live, content, merged_text, tags, kind in due:
         clear.append(int(seq))
         if not live:
             continue
         number = list_of[(str(scope_key), str(corpus))]
-        out.extend((number, *row) for row in posting_rows(int(seq), content, merged_text, tags))
+        rows = posting_rows(int(seq), content, merged_text, tags, kind)
+        out.extend((number, *row) for row in rows)
     return clear, out
 
 
@@ -164,7 +172,9 @@ def fts_totals(block: bytes) -> tuple[int, float]:
     return rows, (sum(numbers[1:]) / rows if rows else 0.0)
 
 
-def top_sql(lists: int, terms: int, weighed: int, where: str, *, narrowed: bool = False) -> str:
+def top_sql(
+    lists: int, terms: int, weighed: int, where: str, *, narrowed: bool = False, kinds: int = 0
+) -> str:
     """The top k of the records among the first ``?`` postings of each (list, term):
     BM25 with the statistics given as parameters, filtered by ``where``.
 
@@ -176,15 +186,27 @@ def top_sql(lists: int, terms: int, weighed: int, where: str, *, narrowed: bool 
     memories, as its deeper rounds scored thousands of records that the filter
     then dropped.
 
+    ``kinds``: the search asks for that many kinds, and each walk reads the postings of
+    those kinds only, from the row: the first ``?`` of them, however many of the others
+    come first. Looking each posting's record up for its kind made a search for a kind
+    read deeper and deeper as the store grew (three rounds, 18 ms, for a kind 1 record
+    in 6 has at 200,000 memories; two, 2.5 ms, at 50,000), since the words' densest
+    records are seldom of the kind asked.
+
     ``weighed`` words of the query count in the score (those some record holds), each
     with its idf (a ``CASE``: a JSON object of them, read by ``json_each`` for each
     posting, cost a tenth of the query).
 
-    Parameters: for each list and term, (list, term, depth), then, if ``narrowed``,
-    the filters' parameters and how many to keep; then (word, idf) for each weighed
-    word; then avgdl; then the weighed words; then the filters' parameters; then k.
+    Parameters: for each list and term, (list, term, the kinds, depth), then, if
+    ``narrowed``, the filters' parameters and how many to keep; then (word, idf) for
+    each weighed word; then avgdl; then the weighed words; then the filters'
+    parameters; then k.
     """
-    first = "SELECT seq FROM postings WHERE list = ? AND term = ? ORDER BY impact DESC LIMIT ?"
+    of_kinds = f"AND kind IN ({marks(range(kinds))}) " if kinds else ""
+    first = (
+        f"SELECT seq FROM postings WHERE list = ? AND term = ? {of_kinds}"
+        "ORDER BY impact DESC LIMIT ?"
+    )
     if narrowed:  # the records looked up in the postings' order, as far as ``?`` pass
         first = (
             f"SELECT p.seq FROM ({first}) p CROSS JOIN records r ON r.seq = p.seq "

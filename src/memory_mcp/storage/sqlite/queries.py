@@ -155,10 +155,16 @@ def lexical_rows(
     for depth in depths(plan.deepest):
         narrow = narrowed(filters, depth, k)
         sql = postings.top_sql(
-            len(lists), len(plan.finders), len(plan.weights), where, narrowed=narrow
+            len(lists),
+            len(plan.finders),
+            len(plan.weights),
+            where,
+            narrowed=narrow,
+            kinds=len(filters.kinds),
         )
         passing = [*params, kept_per_walk(k)] if narrow else []
-        firsts = [v for n in lists for s in plan.finders for v in (n, s, depth, *passing)]
+        walk = [*filters.kinds, depth, *passing]
+        firsts = [v for n in lists for s in plan.finders for v in (n, s, *walk)]
         rows = conn.execute(sql, [*firsts, *weights, length, *plan.weights, *params, k]).fetchall()
         if len(rows) >= k:
             break
