@@ -290,6 +290,52 @@ async def test_m004_gives_each_posting_its_records_length(url: str) -> None:
         await conn.execute("DROP SCHEMA m004_test CASCADE")
 
 
+async def test_m010_gives_each_posting_its_records_kind(url: str) -> None:
+    """A store written before m010 keeps its postings, each with its record's kind; the
+    triggers write the kind of postings made after it."""
+    import psycopg
+
+    from memory_mcp.storage.postgres import migrations
+
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        await conn.execute('SET search_path TO "m010_test", public')
+        before = tuple(m for m in migrations.MIGRATIONS if m.name < "m010")
+        await migrations.migrate(conn, "m010_test", before)
+        for seq, kind in ((1, "decision"), (2, "gotcha")):
+            await conn.execute(
+                "INSERT INTO records (seq, id, corpus, kind, scope, scope_key, content, "
+                "content_hash, agent, created_at, updated_at, doc_len) VALUES "
+                "(%s, %s, 'facts', %s, 'project', '/repo', 'x', 'h', 'a', 't', 't', 2)",
+                [seq, f"f_{seq}", kind],
+            )
+            await conn.execute(
+                "INSERT INTO record_terms (term, seq, tf) VALUES ('deploy', %s, 1), ('x', %s, 1)",
+                [seq, seq],
+            )
+        cursor = await conn.execute("SELECT count(*) FROM postings")
+        assert await cursor.fetchone() == (4,)
+        assert await migrations.migrate(conn, "m010_test") == ["m010_postings_kind"]
+        cursor = await conn.execute("SELECT seq, term, kind FROM postings ORDER BY 1, 2")
+        assert await cursor.fetchall() == [
+            (1, "deploy", "decision"),
+            (1, "x", "decision"),
+            (2, "deploy", "gotcha"),
+            (2, "x", "gotcha"),
+        ]
+        await conn.execute("INSERT INTO record_terms (term, seq, tf) VALUES ('late', 2, 0.3)")
+        await conn.execute("UPDATE records SET archived_at = 't' WHERE seq = 1")
+        await conn.execute("UPDATE records SET archived_at = NULL WHERE seq = 1")
+        cursor = await conn.execute("SELECT seq, term, kind FROM postings ORDER BY 1, 2")
+        assert await cursor.fetchall() == [
+            (1, "deploy", "decision"),
+            (1, "x", "decision"),
+            (2, "deploy", "gotcha"),
+            (2, "late", "gotcha"),
+            (2, "x", "gotcha"),
+        ]
+        await conn.execute("DROP SCHEMA m010_test CASCADE")
+
+
 async def test_doctor_finds_a_posting_whose_length_disagrees(store: Any) -> None:
     ids = await filled(store)
     async with store.write() as tx:
@@ -483,6 +529,13 @@ async def test_doctor_finds_postings_out_of_step_and_makes_them_again(store: Any
         await tx.execute("DELETE FROM postings WHERE seq = (SELECT min(seq) FROM records)")
         await tx.execute(
             "UPDATE postings SET tf = tf + 1 WHERE seq = (SELECT max(seq) FROM records)"
+        )
+    found = await store.doctor()
+    assert {c.name for c in found.checks if not c.ok} == {"word postings"}
+    assert (await store.doctor(repair=True)).healthy
+    async with store.write() as tx:  # a posting of another kind than its record's
+        await tx.execute(
+            "UPDATE postings SET kind = 'gotcha' WHERE seq = (SELECT min(seq) FROM records)"
         )
     found = await store.doctor()
     assert {c.name for c in found.checks if not c.ok} == {"word postings"}

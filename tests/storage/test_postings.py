@@ -169,11 +169,15 @@ async def test_doctor_finds_postings_out_of_step_and_makes_them_again(tmp_path: 
         raw = store.driver.connect(str(tmp_path / "m.db"), busy_timeout_ms=5000)
         raw.execute("DELETE FROM postings WHERE seq = (SELECT min(seq) FROM records)")
         raw.execute("UPDATE postings SET list = 999 WHERE seq = (SELECT max(seq) FROM records)")
+        raw.execute(
+            "UPDATE postings SET kind = 'gotcha' WHERE seq = (SELECT min(seq) + 1 FROM records)"
+        )
         raw.commit()
         raw.close()
         found = await diagnose(store)
         check = next(c for c in found.checks if c.name == "word postings")
-        assert len(check.problems) == 2 and not found.healthy
+        assert len(check.problems) == 3 and not found.healthy
+        assert any("another kind" in p for p in check.problems)
         repaired = await diagnose(store, repair=True)
         assert repaired.healthy
         await in_step(store)

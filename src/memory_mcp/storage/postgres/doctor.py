@@ -125,7 +125,8 @@ async def _full_text(store: PgStore, repair: bool) -> Check:
 
 async def _postings(store: PgStore, repair: bool) -> Check:
     """The impact-ordered postings against the current records' stems: the same stems,
-    in the record's scope's and corpus's list; none of a record that is not current."""
+    in the record's scope's and corpus's list, with its kind; none of a record that is
+    not current."""
     check = Check("word postings")
     queries = (
         (
@@ -138,7 +139,7 @@ async def _postings(store: PgStore, repair: bool) -> Check:
             "SELECT count(*) FROM postings p LEFT JOIN records r ON r.seq = p.seq "
             "LEFT JOIN posting_lists l ON l.id = p.list WHERE r.seq IS NULL OR NOT r.live "
             "OR l.id IS NULL OR l.scope_key <> r.scope_key OR l.corpus <> r.corpus "
-            "OR NOT EXISTS (SELECT 1 FROM record_terms t WHERE t.seq = p.seq "
+            "OR p.kind <> r.kind OR NOT EXISTS (SELECT 1 FROM record_terms t WHERE t.seq = p.seq "
             "AND t.term = p.term AND t.tf = p.tf)",
             "{} postings belong to no current record's stems in its list",
         ),
@@ -148,9 +149,9 @@ async def _postings(store: PgStore, repair: bool) -> Check:
         async with store.write() as tx:
             await tx.execute("DELETE FROM postings")
             await tx.execute(
-                "INSERT INTO postings (list, term, impact, seq, tf, doc_len, owner) "
+                "INSERT INTO postings (list, term, impact, seq, tf, doc_len, owner, kind) "
                 "SELECT posting_list(r.scope_key, r.corpus), t.term, "
-                "posting_impact(t.tf, t.doc_len), t.seq, t.tf, t.doc_len, t.owner "
+                "posting_impact(t.tf, t.doc_len), t.seq, t.tf, t.doc_len, t.owner, r.kind "
                 "FROM record_terms t JOIN records r ON r.seq = t.seq WHERE r.live"
             )
         check.repaired = True

@@ -396,6 +396,52 @@ BEGIN
 END $$;
 """
 
+# Each posting carries its record's kind (SQLite's m010): a search for some kinds walks
+# their postings only, instead of looking up each posting's record for its kind and
+# reading deeper as the store grows. The key covers it, so that the walk still reads
+# the index alone (at 50,000 memories, a kind's lexical branch: 6.7-7.7 ms before,
+# 8.7-9.1 with the kind read from the table, 6.2-6.9 from the key). The indexes are
+# made again after the rows are filled, rather than kept through the update. The
+# triggers that write postings say it.
+M010_POSTINGS_KIND = """
+ALTER TABLE postings DROP CONSTRAINT postings_pkey;
+DROP INDEX postings_seq;
+ALTER TABLE postings ADD COLUMN kind text;
+UPDATE postings p SET kind = r.kind FROM records r WHERE r.seq = p.seq;
+ALTER TABLE postings ALTER COLUMN kind SET NOT NULL;
+ALTER TABLE postings ADD PRIMARY KEY (list, term, impact, seq) INCLUDE (kind);
+CREATE INDEX postings_seq ON postings (seq, term) INCLUDE (tf, doc_len);
+CREATE OR REPLACE FUNCTION record_terms_postings() RETURNS trigger LANGUAGE plpgsql
+SET search_path FROM CURRENT AS $$
+BEGIN
+    IF TG_OP IN ('DELETE', 'UPDATE') THEN
+        DELETE FROM postings WHERE seq = OLD.seq AND term = OLD.term;
+    END IF;
+    IF TG_OP IN ('INSERT', 'UPDATE') THEN
+        INSERT INTO postings (list, term, impact, seq, tf, doc_len, owner, kind)
+        SELECT posting_list(r.scope_key, r.corpus), NEW.term,
+               posting_impact(NEW.tf, NEW.doc_len), NEW.seq, NEW.tf, NEW.doc_len, NEW.owner,
+               r.kind
+        FROM records r WHERE r.seq = NEW.seq AND r.live;
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE OR REPLACE FUNCTION records_postings() RETURNS trigger LANGUAGE plpgsql
+SET search_path FROM CURRENT AS $$
+BEGIN
+    IF NEW.live THEN
+        INSERT INTO postings (list, term, impact, seq, tf, doc_len, owner, kind)
+        SELECT posting_list(NEW.scope_key, NEW.corpus), t.term,
+               posting_impact(t.tf, t.doc_len), t.seq, t.tf, t.doc_len, t.owner, NEW.kind
+        FROM record_terms t WHERE t.seq = NEW.seq;
+    ELSE
+        DELETE FROM postings WHERE seq = NEW.seq;
+    END IF;
+    RETURN NULL;
+END $$;
+ANALYZE postings;
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration("m001_records", M001_RECORDS),
     Migration("m002_scope_aliases", M002_SCOPE_ALIASES),
@@ -406,6 +452,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration("m007_postings", M007_POSTINGS),
     Migration("m008_worth", M008_WORTH),
     Migration("m009_ivfflat", M009_IVFFLAT),
+    Migration("m010_postings_kind", M010_POSTINGS_KIND),
 )
 
 

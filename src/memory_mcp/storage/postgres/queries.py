@@ -75,9 +75,10 @@ class Queries:
         async def read(depth: int) -> list[Any]:
             narrow = narrowed(filters, depth, k)
             passing = [*params, kept_per_walk(k)] if narrow else []
+            kinds = [list(filters.kinds)] if filters.kinds else []
             return await self.fetch(
-                lexical_sql(where, narrowed=narrow),
-                [lists, plan.finders, depth, *passing, *weights, length, *params, k],
+                lexical_sql(where, narrowed=narrow, kinds=bool(kinds)),
+                [lists, plan.finders, *kinds, depth, *passing, *weights, length, *params, k],
             )
 
         found = await deepening(read, k, plan.deepest)

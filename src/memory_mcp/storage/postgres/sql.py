@@ -49,11 +49,13 @@ def filters_sql(f: Filters, *, live_only: bool = True) -> tuple[str, list[Any]]:
     return " AND ".join(clauses), params
 
 
-def lexical_sql(where: str, *, narrowed: bool = False) -> str:
+def lexical_sql(where: str, *, narrowed: bool = False, kinds: bool = False) -> str:
     """FTS5's BM25 (``bm25``) of the records among the first postings of each finder
     in each list (``bm25.TopPlan``), filtered by ``where``, best first.
 
-    Parameters: the lists (``%s::int[]``), the finders (``text[]``), the depth; if
+    Parameters: the lists (``%s::int[]``), the finders (``text[]``), if ``kinds`` the
+    kinds asked (``text[]``: each walk reads the postings of those kinds only, from the
+    row, as on SQLite), the depth; if
     ``narrowed``, the filters' parameters and how many to keep; every stem and its
     idf (``text[]``, ``float8[]``); the mean length; the filters' parameters;
     ``LIMIT``. Each (list, finder) is a backward walk of ``postings``' key, ``depth``
@@ -69,6 +71,8 @@ def lexical_sql(where: str, *, narrowed: bool = False) -> str:
     # SQLite's walk reads them. With the impact alone, which of the postings tied at the
     # walk's end it kept was the plan's choice (another for a narrowed walk).
     first = "SELECT p.seq, p.impact FROM postings p WHERE p.list = l.id AND p.term = f.term "
+    if kinds:
+        first += "AND p.kind = ANY(%s) "
     first += "ORDER BY p.impact DESC, p.seq DESC LIMIT %s"
     if narrowed:  # the join may not keep the walk's order: ordered again before the cut
         first = (

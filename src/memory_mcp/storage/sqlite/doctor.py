@@ -111,6 +111,11 @@ async def _postings(store: SqliteStore, repair: bool) -> Check:
             "WHERE l.id IS NULL OR l.scope_key <> r.scope_key OR l.corpus <> r.corpus",
             "{} records have postings in another scope's or corpus's list",
         ),
+        (
+            "SELECT count(DISTINCT p.seq) FROM postings p JOIN records r ON r.seq = p.seq "
+            "WHERE p.kind <> r.kind",
+            "{} records have postings of another kind",
+        ),
         ("SELECT count(*) FROM postings_due", "{} records wait to be indexed"),
     )
     await check.tally(store.reads.fetch, queries)
