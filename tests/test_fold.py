@@ -246,3 +246,31 @@ def test_the_bit_parallel_lcs_equals_the_dynamic_programme() -> None:
         a = [rng.choice(vocabulary) for _ in range(rng.randint(0, 70))]
         b = [rng.choice(vocabulary) for _ in range(rng.randint(0, 70))]
         assert lcs_length(a, b) == table(a, b), (a, b)
+
+
+def test_value_tokens_are_those_of_every_kind_at_once() -> None:
+    """The value kinds a text cannot hold are left out of the expression it is read with:
+    the tokens are the same as with every kind (the bench's coding pairs, generated
+    memories, and texts with each kind's character alone or in odd places)."""
+    import json
+    import re
+    from pathlib import Path
+
+    from memory_mcp.bench.perf import generate
+    from memory_mcp.fold import VALUE_KINDS, _value_tokens
+
+    every = re.compile("|".join(pattern for pattern, _ in VALUE_KINDS))
+    data = Path(__file__).parents[1] / "bench" / "fold-pairs-coding.jsonl"
+    texts = [t for line in data.open() for t in (json.loads(line)["a"], json.loads(line)["b"])]
+    texts += [text for _, text, _ in generate(400, seed=3)]
+    texts += [
+        "Run `make test` with --verbose=2 on https://ci.example.com/job/7 as @ops/bot",
+        "snake_case and camelCase and PascalCase in src/app.py, not ALLCAPS",
+        "Timeout is ٣٠ seconds (Arabic-Indic digits), ５ retries (full-width)",  # noqa: RUF001
+        "a-b c.d e/f g_h @ ` : // x:// Éclair Île ÀB 1.2.3",
+        "",
+        "plain words only, nothing else",
+    ]
+    for text in texts:
+        found = [(m.start(), m.group(0)) for m in _value_tokens(text)]
+        assert found == [(m.start(), m.group(0)) for m in every.finditer(text)], text

@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Literal
 
 from memory_mcp.config import FoldSettings
@@ -103,20 +103,43 @@ _CHANGE_CUE = re.compile(
     re.IGNORECASE,
 )
 
-# Value-like tokens: what a fact's subject is set to.
-_VALUE = re.compile(
-    r"`[^`]+`"  # code spans
-    r"|\b[a-z][a-z0-9+.\-]*://\S+"  # URLs
-    r"|(?<![\w@])@[\w\-./]+"  # @handles, @scope/packages
-    r"|(?<![\w-])--?[a-zA-Z][\w\-]*(?:=\S+)?"  # flags
-    r"|[~.]?[\w\-.]*/[\w\-./<>*]+"  # paths
-    r"|\b\w+(?:\.\w+)+\b"  # dotted names: hosts, files, versions
-    r"|\b\d[\d,.:]*(?:[a-zA-Z%]{1,3})?\b"  # numbers with short units (512Mi, 10m, 85%)
-    r"|\b[a-z]+_[a-z0-9_]+\b"  # snake_case identifiers
-    r"|\b[a-z]+[A-Z]\w*\b"  # camelCase
-    r"|\b[A-Z][a-zA-Z0-9]*[A-Z0-9]\w*\b"  # CamelCase, ALLCAPS, PascalCase names
-    r"|(?<=[\w,;)] )[A-Z][a-z]+\b"  # capitalized words inside a sentence: names
+# Value-like tokens: what a fact's subject is set to, by kind, each with what a text
+# must hold for a token of that kind to be in it.
+_DIGIT = re.compile(r"\d")
+_UPPER = re.compile(r"[A-Z]")
+VALUE_KINDS: tuple[tuple[str, Callable[[str], object]], ...] = (
+    (r"`[^`]+`", lambda t: "`" in t),  # code spans
+    (r"\b[a-z][a-z0-9+.\-]*://\S+", lambda t: "://" in t),  # URLs
+    (r"(?<![\w@])@[\w\-./]+", lambda t: "@" in t),  # @handles, @scope/packages
+    (r"(?<![\w-])--?[a-zA-Z][\w\-]*(?:=\S+)?", lambda t: "-" in t),  # flags
+    (r"[~.]?[\w\-.]*/[\w\-./<>*]+", lambda t: "/" in t),  # paths
+    (r"\b\w+(?:\.\w+)+\b", lambda t: "." in t),  # dotted names: hosts, files, versions
+    (r"\b\d[\d,.:]*(?:[a-zA-Z%]{1,3})?\b", _DIGIT.search),  # numbers, short units (512Mi, 85%)
+    (r"\b[a-z]+_[a-z0-9_]+\b", lambda t: "_" in t),  # snake_case identifiers
+    (r"\b[a-z]+[A-Z]\w*\b", _UPPER.search),  # camelCase
+    (r"\b[A-Z][a-zA-Z0-9]*[A-Z0-9]\w*\b", _UPPER.search),  # CamelCase, ALLCAPS, PascalCase
+    (r"(?<=[\w,;)] )[A-Z][a-z]+\b", _UPPER.search),  # capitalized words inside a sentence: names
 )
+
+
+@cache
+def _value_pattern(kinds: tuple[bool, ...]) -> re.Pattern[str]:
+    """The alternation of the value kinds flagged, in their order (none: no match)."""
+    return re.compile(
+        "|".join(p for (p, _), on in zip(VALUE_KINDS, kinds, strict=True) if on) or "(?!)"
+    )
+
+
+def _value_tokens(text: str) -> Iterator[re.Match[str]]:
+    """The value-like tokens of ``text``: those of the alternation of every kind, from
+    the alternation of the kinds whose character the text holds. A kind that cannot
+    match anywhere cannot take a position from another, so the tokens are the same;
+    the regular expression tries fewer alternatives at each position: 25.8 -> 20.0 us
+    a memory of the bench's (3,000 of them), more where a text has no path or flag.
+    """
+    return _value_pattern(tuple(bool(can(text)) for _, can in VALUE_KINDS)).finditer(text)
+
+
 # A transcript's turn: "Caroline: ..." (a name, then a colon and a space).
 _SPEAKER = re.compile(r"\s*([A-Z][\w'-]*(?: [A-Z][\w'-]*)?):\s")
 _ONE_UNIT = re.compile(
@@ -143,7 +166,7 @@ def _value_key(token: str) -> str:
 def values(text: str) -> frozenset[str]:
     """Value-like tokens of ``text``, in comparable form."""
     found: set[str] = set()
-    for match in _VALUE.finditer(text):
+    for match in _value_tokens(text):
         token = match.group(0)
         key = _value_key(token)
         if not key or key in STOPWORDS:
@@ -172,7 +195,13 @@ def _atoms(value: str) -> frozenset[str]:
     return frozenset(a.lstrip("0") or "0" if a.isdigit() else a for a in _ATOM.findall(value))
 
 
-def _unmatched(side: frozenset[str], other: frozenset[str], plain: str) -> frozenset[str]:
+def _number_words(plain: str) -> frozenset[str]:
+    """A text's letter and digit runs, and its numbers without leading zeros too."""
+    runs = set(_ATOM.findall(plain))
+    return frozenset(runs | {a.lstrip("0") or "0" for a in runs if a.isdigit()})
+
+
+def _unmatched(side: _Text, other: _Text) -> frozenset[str]:
     """Values of ``side`` that the other text does not state.
 
     A value is stated when the other side has it, spelled the same, split over
@@ -182,13 +211,11 @@ def _unmatched(side: frozenset[str], other: frozenset[str], plain: str) -> froze
     parts ("db/migrations" / "src/db/migrations"), or sharing some parts but
     not all ("acme-web" / "acme-frontend").
     """
-    other_words = set(_ATOM.findall(plain))
-    other_words |= {a.lstrip("0") or "0" for a in other_words if a.isdigit()}
-    other_atoms = {w: _atoms(w) for w in other}
-    side_atoms = {v: _atoms(v) for v in side}
+    other_words, plain = other.plain_words, other.plain
+    other_atoms, side_atoms = other.value_atoms, side.value_atoms
     missing = set()
     for value, atoms in side_atoms.items():
-        if value in other:
+        if value in other_atoms:
             continue
         quantity = _QUANTITY.match(value)
         if quantity:
@@ -304,7 +331,10 @@ class _Text:
     stem_set: frozenset[str]
     all_stems: frozenset[str]  # stop words included: "on" / "off" are opposites here
     values: frozenset[str]
+    value_atoms: dict[str, frozenset[str]]  # each value's letter and digit runs
+    value_words: frozenset[str]  # the stems of the values' words
     plain: str
+    plain_words: frozenset[str]  # ``_number_words`` of ``plain``
     normalized: str
     negated: bool
     change_cue: bool
@@ -320,12 +350,17 @@ def _stems(text: str) -> tuple[str, ...]:
 @lru_cache(maxsize=4096)
 def _analyse(text: str) -> _Text:
     stems = _stems(text)
+    found = values(text)
+    plain = _plain(text)
     return _Text(
         stems=stems,
         stem_set=frozenset(stems),
         all_stems=frozenset(stem(w) for w in words(text)),
-        values=values(text),
-        plain=_plain(text),
+        values=found,
+        value_atoms={v: _atoms(v) for v in found},
+        value_words=frozenset(stem(w) for v in found for w in words(v)),
+        plain=plain,
+        plain_words=_number_words(plain),
         normalized=normalized_text(text),
         negated=polarity(_CONTRAST.sub(" ", text)) > 0,
         change_cue=bool(_CHANGE_CUE.search(text)),
@@ -351,7 +386,7 @@ def compare(old: str, new: str, similarity: float | None = None) -> Evidence:
     union = a.stem_set | b.stem_set
     overlap = len(a.stem_set & b.stem_set) / len(union) if union else 1.0
     only_old, only_new = a.stem_set - b.stem_set, b.stem_set - a.stem_set
-    value_words = {stem(w) for v in a.values | b.values for w in words(v)}
+    value_words = a.value_words | b.value_words
     # Opposites are looked for among all words: "on" / "off" are stop words to search.
     all_old, all_new = a.all_stems - b.all_stems, b.all_stems - a.all_stems
     antonym = any(
@@ -368,8 +403,8 @@ def compare(old: str, new: str, similarity: float | None = None) -> Evidence:
         dense=similarity is not None,
         exact=a.normalized == b.normalized,
         overlap=overlap,
-        old_only_values=_unmatched(a.values, b.values, b.plain),
-        new_only_values=_unmatched(b.values, a.values, a.plain),
+        old_only_values=_unmatched(a, b),
+        new_only_values=_unmatched(b, a),
         old_only_words=frozenset(only_old - value_words),
         new_only_words=frozenset(only_new - value_words),
         polarity_flip=a.negated != b.negated,
