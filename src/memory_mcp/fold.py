@@ -190,15 +190,20 @@ _ATOM = re.compile(r"[a-z]+|[0-9]+")
 _QUANTITY = re.compile(r"^(\d+)(?:[a-z%]{0,3})$")
 
 
+def _unpadded(number: str) -> str:
+    """A run of digits without its leading zeros ("007" is "7", "000" is "0")."""
+    return number.lstrip("0") or "0"
+
+
 def _atoms(value: str) -> frozenset[str]:
     """Letter and digit runs of a value, numbers without leading zeros."""
-    return frozenset(a.lstrip("0") or "0" if a.isdigit() else a for a in _ATOM.findall(value))
+    return frozenset(_unpadded(a) if a.isdigit() else a for a in _ATOM.findall(value))
 
 
 def _number_words(plain: str) -> frozenset[str]:
     """A text's letter and digit runs, and its numbers without leading zeros too."""
     runs = set(_ATOM.findall(plain))
-    return frozenset(runs | {a.lstrip("0") or "0" for a in runs if a.isdigit()})
+    return frozenset(runs | {_unpadded(a) for a in runs if a.isdigit()})
 
 
 def _unmatched(side: _Text, other: _Text) -> frozenset[str]:
@@ -220,7 +225,7 @@ def _unmatched(side: _Text, other: _Text) -> frozenset[str]:
         quantity = _QUANTITY.match(value)
         if quantity:
             # 512Mi / 512 MiB, 5-second / 5s: the number is the value, units are wording.
-            if (quantity.group(1).lstrip("0") or "0") not in other_words:
+            if _unpadded(quantity.group(1)) not in other_words:
                 missing.add(value)
             continue
         if _standalone(value, plain):

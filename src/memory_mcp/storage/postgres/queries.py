@@ -71,11 +71,11 @@ class Queries:
             return []
         where, params = filters_sql(filters)
         weights = [list(plan.weights), list(plan.weights.values())]
+        kinds = [list(filters.kinds)] if filters.kinds else []  # the walks read these only
 
         async def read(depth: int) -> list[Any]:
             narrow = narrowed(filters, depth, k)
             passing = [*params, kept_per_walk(k)] if narrow else []
-            kinds = [list(filters.kinds)] if filters.kinds else []
             return await self.fetch(
                 lexical_sql(where, narrowed=narrow, kinds=bool(kinds)),
                 [lists, plan.finders, *kinds, depth, *passing, *weights, length, *params, k],
