@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from helpers.records import fact, unit
-from memory_mcp.records import format_time, utcnow
+from memory_mcp.records import Record, format_time, utcnow
 from memory_mcp.storage.base import Filters
-from memory_mcp.storage.sqlite import SqliteStore, dense
+from memory_mcp.storage.sqlite import SqliteStore, dense, queries
 from memory_mcp.storage.sqlite.driver import on_thread
 
 pytestmark = [pytest.mark.anyio, pytest.mark.sqlite_only]
@@ -474,15 +474,31 @@ async def test_a_filter_few_records_pass_is_applied_to_the_rows_at_once(
         await store.close()
 
 
+def _around_centres(count: int, centres: int, seed: int) -> np.ndarray:
+    """``count`` unit vectors (16 dimensions) near ``centres`` random centres, in turn."""
+    rng = np.random.default_rng(seed)
+    around = rng.normal(size=(centres, 16))
+    vectors = around[np.arange(count) % centres] + 0.2 * rng.normal(size=(count, 16))
+    return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+
+async def _clustered(
+    store: SqliteStore, rows: list[Record], vectors: np.ndarray, monkeypatch: pytest.MonkeyPatch
+) -> dense._Segment:
+    """The rows written with their vectors, and their scope's segment once clustered."""
+    monkeypatch.setattr(dense, "CLUSTER_FROM", 200)
+    async with store.write() as tx:
+        for r, v in zip(rows, vectors, strict=True):
+            await tx.insert(r, v.astype(np.float32)[None, :])
+    assert await store.load_vectors("m", ["/repo"], settle=60)
+    return next(iter(store._copies.values()))._segments["/repo"]
+
+
 async def test_a_clustered_scope_answers_from_its_nearest_clusters_and_falls_back_for_filters(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(dense, "CLUSTER_FROM", 200)
     monkeypatch.setattr(dense, "IVF_PROBES", 6)
-    rng = np.random.default_rng(8)
-    centres = rng.normal(size=(12, 16))
-    vectors = centres[np.arange(600) % 12] + 0.2 * rng.normal(size=(600, 16))
-    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    vectors = _around_centres(600, 12, seed=8)
     query = vectors[5] / np.linalg.norm(vectors[5])
     rows = [fact(f"fact {i}", embedder="m") for i in range(600)]
     far = [i for i in range(600) if float(vectors[i] @ query) < -0.3][:2]
@@ -490,11 +506,7 @@ async def test_a_clustered_scope_answers_from_its_nearest_clusters_and_falls_bac
         rows[i].tags = ["rare"]
     store = await SqliteStore.open(tmp_path / "m.db")
     try:
-        async with store.write() as tx:
-            for r, v in zip(rows, vectors, strict=True):
-                await tx.insert(r, v.astype(np.float32)[None, :])
-        assert await store.load_vectors("m", ["/repo"], settle=60)
-        segment = next(iter(store._copies.values()))._segments["/repo"]
+        segment = await _clustered(store, rows, vectors, monkeypatch)
         assert segment.clusters > 30  # the search scores 6 clusters of many
         hits = await store.nearest(query.astype(np.float32), "m", FILTERS, 5)
         held = segment.cosines(query.astype(np.float32))[: segment.size]  # every row
@@ -504,6 +516,41 @@ async def test_a_clustered_scope_answers_from_its_nearest_clusters_and_falls_bac
         tagged = Filters(scope_keys=("/repo",), corpora=("facts",), tags=("rare",))
         hits = await store.nearest(query.astype(np.float32), "m", tagged, 5)
         assert len(far) == 2 and {h.record.id for h in hits} == {rows[i].id for i in far}
+    finally:
+        await store.close()
+
+
+async def test_a_new_memorys_neighbours_come_from_fewer_clusters_than_a_search(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The write path's neighbour read (``nearest_with_scores``) scores the rows of the
+    ``NEIGHBOUR_PROBES`` nearest clusters, a search (``nearest``) those of
+    ``IVF_PROBES``; both find the nearest records of well-separated clusters."""
+    monkeypatch.setattr(dense, "IVF_PROBES", 12)
+    monkeypatch.setattr(queries, "NEIGHBOUR_PROBES", 3)
+    vectors = _around_centres(960, 24, seed=11)
+    rows = [fact(f"fact {i}", embedder="m") for i in range(960)]
+    store = await SqliteStore.open(tmp_path / "m.db")
+    try:
+        segment = await _clustered(store, rows, vectors, monkeypatch)
+        assert segment.clusters > 12
+        scored: list[int] = []
+        probe = dense._Segment.probe
+
+        def counted(self: dense._Segment, *args: object) -> object:
+            found = probe(self, *args)  # type: ignore[arg-type]
+            scored.append(0 if found is None else len(found[0]))
+            return found
+
+        monkeypatch.setattr(dense._Segment, "probe", counted)
+        query = vectors[7].astype(np.float32)
+        sizes = np.diff(segment.starts[: segment.clusters + 1])
+        nearest_first = np.argsort(-(segment.centroids @ query))
+        searched = await store.nearest(query, "m", FILTERS, 5)
+        near, scores = await store.nearest_with_scores(query, "m", FILTERS, 5, [rows[8].id])
+        assert scored == [sizes[nearest_first[:12]].sum(), sizes[nearest_first[:3]].sum()]
+        assert [h.record.id for h in near] == [h.record.id for h in searched]
+        assert rows[7].id == near[0].record.id and set(scores) == {rows[8].id}
     finally:
         await store.close()
 

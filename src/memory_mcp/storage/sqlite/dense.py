@@ -376,17 +376,20 @@ class _Segment:
         query: Vector,
         corpus_ok: npt.NDArray[np.bool_] | None = None,
         kind_ok: npt.NDArray[np.bool_] | None = None,
+        probes: int | None = None,
     ) -> tuple[npt.NDArray[np.int64], Vector, npt.NDArray[np.bool_]] | None:
-        """The positions and cosines of the rows in the ``IVF_PROBES`` clusters nearest to
-        ``query``, and of the tail (as ``cosines``), with which of them pass (``passing``);
-        None: the segment is not clustered. Without ``corpus_ok``, every live row passes."""
+        """The positions and cosines of the rows in the ``probes`` (``IVF_PROBES``)
+        clusters nearest to ``query``, and of the tail (as ``cosines``), with which of
+        them pass (``passing``); None: the segment is not clustered. Without
+        ``corpus_ok``, every live row passes."""
         if self.centroids is None:
             return None
+        probes = probes or IVF_PROBES
         starts = self.starts
         clusters = len(self.centroids)
         near = np.arange(clusters)
-        if clusters > IVF_PROBES:
-            near = np.argpartition(-(self.centroids @ query), IVF_PROBES)[:IVF_PROBES]
+        if clusters > probes:
+            near = np.argpartition(-(self.centroids @ query), probes)[:probes]
         spans = [(int(starts[c]), int(starts[c + 1])) for c in np.sort(near)]
         spans.append((int(starts[clusters]), self.size))
         spans = [(a, b) for a, b in spans if b > a]
@@ -909,10 +912,12 @@ class DenseIndex:
         kinds: Collection[str],
         *,
         exact: bool = True,
+        probes: int | None = None,
     ) -> tuple[npt.NDArray[np.int64], Vector, bool]:
         """The rowids and cosines of the rows in these scopes, corpora and kinds: every
-        row if ``exact``, else those of the clusters nearest ``query`` in clustered
-        scopes. The flag says whether every row was scored."""
+        row if ``exact``, else those of the ``probes`` clusters nearest ``query`` in
+        clustered scopes (``_Segment.probe``). The flag says whether every row was
+        scored."""
         unit = _unit(query)
         corpus_ok = self._allowed(corpora)
         kind_ok = self._allowed(kinds) if kinds else None
@@ -923,7 +928,7 @@ class DenseIndex:
             segment = self._segments.get(key)
             if segment is None or not segment.size:
                 continue
-            probed = None if exact else segment.probe(unit, corpus_ok, kind_ok)
+            probed = None if exact else segment.probe(unit, corpus_ok, kind_ok, probes)
             if probed is None:
                 keep = segment.passing(corpus_ok, kind_ok, slice(0, segment.size))
                 passing = np.flatnonzero(keep)

@@ -14,7 +14,7 @@ import aiosqlite
 from memory_mcp.lexical import query_terms, stem
 from memory_mcp.passages import MAX_PASSAGES
 from memory_mcp.records import Record
-from memory_mcp.storage.base import Around, Filters, Scored, Vector
+from memory_mcp.storage.base import NEIGHBOUR_PROBES, Around, Filters, Scored, Vector
 from memory_mcp.storage.bm25 import TopPlan, depths, kept_per_walk, narrowed, rarest
 from memory_mcp.storage.sqlite import postings
 from memory_mcp.storage.sqlite.driver import OPERATIONAL_ERRORS, on_thread
@@ -87,15 +87,26 @@ def best_rows(
 
 
 def nearest_rows(
-    conn: sqlite3.Connection, index: DenseIndex, vector: Vector, filters: Filters, k: int
+    conn: sqlite3.Connection,
+    index: DenseIndex,
+    vector: Vector,
+    filters: Filters,
+    k: int,
+    probes: int | None = None,
 ) -> list[tuple[Any, float]]:
     """``Queries.nearest`` on a current copy, on the reader's thread: the rows of the ``k``
-    best records, from the nearest clusters, then every row if too few of those pass."""
+    best records, from the ``probes`` nearest clusters (``IVF_PROBES``), then every row
+    if too few of those pass."""
     where, params = filters_sql(filters)
     rows: list[tuple[Any, float]] = []
     for every_row in (False, True):
         rowids, sims, every = index.rank(
-            vector, filters.scope_keys, filters.corpora, filters.kinds, exact=every_row
+            vector,
+            filters.scope_keys,
+            filters.corpora,
+            filters.kinds,
+            exact=every_row,
+            probes=probes,
         )
         rows = best_rows(conn, rowids, sims, where, params, k)
         if len(rows) >= k or every:
@@ -380,7 +391,7 @@ class Queries:
         self, vector: Vector, embedder: str, filters: Filters, k: int, record_ids: Sequence[str]
     ) -> tuple[list[Scored], dict[str, float]]:
         """``nearest`` and ``dense_scores`` of ``record_ids``: on a current copy, one trip
-        to the reader's thread for both."""
+        to the reader's thread for both, in the ``NEIGHBOUR_PROBES`` clusters nearest."""
         table = await self._store._vector_table(self._conn, embedder)
         if table is not None and filters.scope_keys and self._reads_committed():
 
@@ -390,7 +401,7 @@ class Queries:
                 scores = cosines_by_id(conn, index, vector, embedder, record_ids)
                 if scores is None:
                     return None
-                return nearest_rows(conn, index, vector, filters, k), scores
+                return nearest_rows(conn, index, vector, filters, k, NEIGHBOUR_PROBES), scores
 
             found = await self._store._on_copy(table, filters.scope_keys, both)
             if found is not None:
