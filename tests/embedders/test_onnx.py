@@ -39,6 +39,27 @@ def test_the_direct_runner_gives_the_vectors_fastembed_gives(
     assert float(np.abs(one_by_one - got).max()) < 1e-5  # batching does not change a vector
 
 
+def test_the_streamlined_graph_gives_the_models_vectors_bit_for_bit(
+    real_embedder: FastEmbedEmbedder, tmp_path: Path
+) -> None:
+    """The product runs the model's streamlined copy (``embedders.graph``), made in the
+    cache folder on first load; its vectors are those of the model as exported."""
+    import onnx
+
+    from memory_mcp.embedders.onnx import OnnxModel
+
+    as_exported = OnnxModel(model_path(), max_tokens=256)
+    streamlined = OnnxModel(model_path(), max_tokens=256, cache=tmp_path / "models")
+    (copy,) = (tmp_path / "models").glob("*.onnx")
+    nodes = len(onnx.load(str(copy), load_external_data=False).graph.node)
+    assert nodes < 0.6 * len(onnx.load(str(model_path() / "model.onnx")).graph.node)
+    for batch_size in (1, 2, 5):
+        expected = as_exported.embed(TEXTS, batch_size=batch_size)
+        assert streamlined.embed(TEXTS, batch_size=batch_size).tobytes() == expected.tobytes()
+    product = as_exported.embed(TEXTS, batch_size=real_embedder.batch_size)
+    assert real_embedder.embed(TEXTS).tobytes() == product.tobytes()
+
+
 def test_loading_the_model_from_its_folder_does_not_import_fastembed() -> None:
     script = (
         "import sys\n"

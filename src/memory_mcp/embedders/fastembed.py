@@ -115,7 +115,10 @@ class FastEmbedEmbedder:
             if folder is not None and self.model in MEAN_POOLED:
                 try:
                     self._direct = OnnxModel(
-                        folder, max_tokens=self.max_tokens, threads=self.threads
+                        folder,
+                        max_tokens=self.max_tokens,
+                        threads=self.threads,
+                        cache=cache_dir() / "models",
                     )
                 except Exception as exc:
                     raise EmbedderError(f"cannot load {self.model} from {folder}: {exc}") from exc

@@ -44,12 +44,20 @@ def model_file(folder: Path) -> Path | None:
 class OnnxModel:
     """One model folder (``model.onnx``, ``tokenizer.json``, ...) ready to embed."""
 
-    def __init__(self, folder: Path, *, max_tokens: int, threads: int = 0) -> None:
+    def __init__(
+        self, folder: Path, *, max_tokens: int, threads: int = 0, cache: Path | None = None
+    ) -> None:
+        """``cache``: where the streamlined copy of the model's graph is kept
+        (``graph.streamlined``); None: the graph runs as it is."""
         import onnxruntime as ort
 
         onnx = model_file(folder)
         if onnx is None:
             raise EmbedderError(f"{folder} holds no ONNX model (model.onnx)")
+        if cache is not None:
+            from memory_mcp.embedders.graph import streamlined
+
+            onnx = streamlined(onnx, cache) or onnx
         self.tokenizer = _tokenizer(folder, max_tokens)
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL

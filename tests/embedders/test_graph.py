@@ -1,0 +1,195 @@
+"""A model's graph without its per-run shape arithmetic gives the same outputs, bit for bit."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from memory_mcp.embedders import graph
+from memory_mcp.embedders.graph import Unchanged, streamline, streamlined
+
+
+def _encoder(*, nan_pass: bool = True, computed_shapes: bool = True) -> onnx.ModelProto:
+    """A one-head-pair attention layer shaped like a sentence-transformers export: the
+    heads' Reshape targets computed from the input's shape at each run, and
+    Where(IsNaN(p), 0, p) after the softmax."""
+    rng = np.random.default_rng(3)
+    weights = {
+        "table": rng.normal(size=(2000, 8)).astype(np.float32),
+        "zero": np.zeros((), np.float32),
+        "heads": np.array([2], np.int64),
+        "width": np.array([4], np.int64),
+        "minus": np.array([-1], np.int64),
+        "at0": np.array(0, np.int64),
+        "at1": np.array(1, np.int64),
+        "axes": np.array([0], np.int64),
+        "split": np.array([0, 0, 2, 4], np.int64),
+        "merge": np.array([0, 0, -1], np.int64),
+    }
+    nodes = [
+        helper.make_node("Gather", ["table", "input_ids"], ["x"]),
+        helper.make_node("Cast", ["attention_mask"], ["maskf"], to=TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", ["maskf", "minus"], ["mask3"]),
+        helper.make_node("Mul", ["x", "mask3"], ["xm"]),
+    ]
+    if computed_shapes:
+        nodes += [
+            helper.make_node("Shape", ["xm"], ["shape"]),
+            helper.make_node("Gather", ["shape", "at0"], ["b"]),
+            helper.make_node("Gather", ["shape", "at1"], ["s"]),
+            helper.make_node("Unsqueeze", ["b", "axes"], ["b1"]),
+            helper.make_node("Unsqueeze", ["s", "axes"], ["s1"]),
+            helper.make_node("Concat", ["b1", "s1", "heads", "width"], ["split_to"], axis=0),
+            helper.make_node("Concat", ["b1", "s1", "minus"], ["merge_to"], axis=0),
+        ]
+    split, merge = ("split_to", "merge_to") if computed_shapes else ("split", "merge")
+    nodes += [
+        helper.make_node("Reshape", ["xm", split], ["h"]),
+        helper.make_node("Transpose", ["h"], ["q"], perm=[0, 2, 1, 3]),
+        helper.make_node("Transpose", ["h"], ["k"], perm=[0, 2, 3, 1]),
+        helper.make_node("MatMul", ["q", "k"], ["scores"]),
+        helper.make_node("Softmax", ["scores"], ["p"], axis=-1),
+    ]
+    attended = "p"
+    if nan_pass:
+        nodes += [
+            helper.make_node("IsNaN", ["p"], ["nan"]),
+            helper.make_node("Where", ["nan", "zero", "p"], ["p_clean"]),
+        ]
+        attended = "p_clean"
+    nodes += [
+        helper.make_node("MatMul", [attended, "q"], ["context"]),
+        helper.make_node("Transpose", ["context"], ["back"], perm=[0, 2, 1, 3]),
+        helper.make_node("Reshape", ["back", merge], ["last_hidden_state"]),
+    ]
+    dims = ["batch", "length"]
+    model = helper.make_model(
+        helper.make_graph(
+            nodes,
+            "encoder",
+            [
+                helper.make_tensor_value_info("input_ids", TensorProto.INT64, dims),
+                helper.make_tensor_value_info("attention_mask", TensorProto.INT64, dims),
+            ],
+            [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, [*dims, 8])],
+            [numpy_helper.from_array(v, k) for k, v in weights.items()],
+        ),
+        opset_imports=[helper.make_opsetid("", 17)],
+        ir_version=8,
+    )
+    onnx.checker.check_model(model)
+    return model
+
+
+def _outputs(model: onnx.ModelProto, batch: int, length: int) -> np.ndarray:
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    out: np.ndarray = session.run(None, graph._feed(session, batch, length))[0]
+    return out
+
+
+def test_a_streamlined_graph_reads_constant_shapes_and_gives_the_same_outputs() -> None:
+    model = _encoder()
+    fast, summary = streamline(model)
+    kinds = [n.op_type for n in fast.graph.node]
+    assert "Shape" not in kinds and "Concat" not in kinds and "IsNaN" not in kinds
+    assert "2 reshapes given constant shapes, 1 NaN passes dropped" in summary
+    targets = {
+        tuple(numpy_helper.to_array(t).tolist())
+        for t in fast.graph.initializer
+        if t.name.endswith("constant_shape")
+    }
+    assert targets == {(0, 0, 2, 4), (0, 0, -1)}
+    for batch, length in [(1, 1), (2, 9), (5, 40)]:  # shapes neither probed nor checked
+        assert _outputs(fast, batch, length).tobytes() == _outputs(model, batch, length).tobytes()
+
+
+def test_a_graph_without_shape_arithmetic_is_left_as_it_is() -> None:
+    with pytest.raises(Unchanged, match="no shape arithmetic"):
+        streamline(_encoder(nan_pass=False, computed_shapes=False))
+
+
+def test_a_rewrite_that_would_change_the_outputs_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The copy is kept only if it gives the original's outputs bit for bit."""
+    real = graph._constant_target
+
+    def swapped(seen: list[tuple[list[int], list[int]]]) -> list[int] | None:
+        target = real(seen)
+        return [0, 0, 4, 2] if target == [0, 0, 2, 4] else target  # heads of another width
+
+    monkeypatch.setattr(graph, "_constant_target", swapped)
+    with pytest.raises(Unchanged, match="outputs would change"):
+        streamline(_encoder())
+
+
+@pytest.mark.parametrize(
+    ("seen", "expected"),
+    [
+        ([((1, 7, 384), [1, 7, -1, 32]), ((3, 11, 384), [3, 11, -1, 32])], [0, 0, -1, 32]),
+        ([((1, 12, 7, 32), [1, -1, 7, 32]), ((3, 12, 11, 32), [3, -1, 11, 32])], [0, -1, 0, 32]),
+        ([((1, 7, 12, 32), [7, 384]), ((3, 11, 12, 32), [33, 384])], [-1, 384]),
+        ([((2, 6), [6, 2]), ((3, 4), [4, 3])], None),  # two dimensions to infer
+        ([((2, 6), [2, 6]), ((2, 6, 1), [2, 6])], [2, 6]),
+    ],
+)
+def test_a_reshape_target_is_the_one_every_probe_run_agrees_with(
+    seen: list[tuple[tuple[int, ...], list[int]]], expected: list[int] | None
+) -> None:
+    assert graph._constant_target(seen) == expected
+
+
+def test_the_copy_is_made_once_and_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    source = tmp_path / "model" / "model.onnx"
+    source.parent.mkdir()
+    onnx.save(_encoder(), str(source))
+    cache = tmp_path / "cache"
+    made = streamlined(source, cache)
+    assert made is not None and made.parent == cache and made.is_file()
+    assert not list(cache.glob("*.partial"))
+    copy = onnx.load(str(made))
+    assert _outputs(copy, 3, 10).tobytes() == _outputs(_encoder(), 3, 10).tobytes()
+
+    def no_child(*args: object, **kwargs: object) -> None:
+        raise AssertionError("made again")
+
+    monkeypatch.setattr(subprocess, "run", no_child)
+    assert streamlined(source, cache) == made
+    monkeypatch.undo()
+
+    onnx.save(_encoder(nan_pass=False), str(source))  # a new model file: a new copy
+    again = streamlined(source, cache)
+    assert again is not None and again != made
+
+
+def test_a_model_left_as_it_is_is_noted_and_not_tried_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = tmp_path / "model.onnx"
+    onnx.save(_encoder(nan_pass=False, computed_shapes=False), str(source))
+    cache = tmp_path / "cache"
+    assert streamlined(source, cache) is None
+    (noted,) = cache.glob("*.unchanged")
+    assert "no shape arithmetic" in noted.read_text(encoding="utf-8")
+
+    def no_child(*args: object, **kwargs: object) -> None:
+        raise AssertionError("tried again")
+
+    monkeypatch.setattr(subprocess, "run", no_child)
+    assert streamlined(source, cache) is None
+
+
+def test_a_copy_that_cannot_be_made_leaves_the_model_as_it_is(tmp_path: Path) -> None:
+    """A file that is no model: the child fails, nothing is noted, the next load tries
+    again (the cause may be passing, e.g. a full disk)."""
+    source = tmp_path / "model.onnx"
+    source.write_bytes(b"not a model")
+    cache = tmp_path / "cache"
+    assert streamlined(source, cache) is None
+    assert not list(cache.iterdir())
