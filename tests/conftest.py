@@ -139,10 +139,13 @@ async def memory(
 
 
 @pytest.fixture(scope="session")
-def real_embedder() -> FastEmbedEmbedder:
-    """all-MiniLM-L6-v2 from the local ONNX export, loaded once per test session."""
+def real_embedder(tmp_path_factory: pytest.TempPathFactory) -> FastEmbedEmbedder:
+    """all-MiniLM-L6-v2 from the local ONNX export, loaded once per test session (its
+    streamlined graph kept in a cache folder of the session's, not the developer's)."""
     embedder = FastEmbedEmbedder(MODEL_NAME, model_path=str(model_path()))
-    embedder.load()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("model-cache")))
+        embedder.load()
     return embedder
 
 
