@@ -12,6 +12,7 @@ import pytest
 
 from helpers.records import fact
 from memory_mcp.records import format_time, utcnow
+from memory_mcp.storage import bm25
 from memory_mcp.storage.base import Filters
 from memory_mcp.storage.bm25 import FIRST_DEPTH
 from memory_mcp.storage.sqlite import SqliteStore, postings
@@ -184,3 +185,34 @@ async def test_doctor_finds_postings_out_of_step_and_makes_them_again(tmp_path: 
         assert (await diagnose(store)).healthy
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize(
+    ("found", "deepest"),
+    [
+        ({128: 42, 256: 84}, 10_000),  # 42 of 60: twice as deep finds them
+        ({128: 60}, 10_000),
+        ({128: 28, 512: 112}, 10_000),  # 28 of 60: four times as deep
+        ({128: 12, 512: 48, 1024: 96}, 10_000),  # four times, then twice
+        ({128: 42, 256: 50}, 200),  # every posting read: done with fewer than k
+    ],
+)
+async def test_a_short_round_reads_as_much_deeper_as_its_shortfall_asks(
+    found: dict[int, int], deepest: int
+) -> None:
+    """Both backends' rounds (``deepest_rows``, ``deepening``): twice as deep after a round
+    that found 5/8 of k or more, else four times, until k rows or every posting."""
+    seen: list[int] = []
+
+    def rows(depth: int) -> list[int]:
+        seen.append(depth)
+        return list(range(found[depth]))
+
+    async def awaited(depth: int) -> list[int]:
+        return rows(depth)
+
+    assert len(bm25.deepest_rows(rows, 60, deepest)) == found[max(found)]
+    assert seen == list(found)
+    seen.clear()
+    assert len(await bm25.deepening(awaited, 60, deepest)) == found[max(found)]
+    assert seen == list(found)

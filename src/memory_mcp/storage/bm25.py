@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
@@ -168,24 +168,33 @@ def rarest(terms: Sequence[str], held: Mapping[str, int]) -> list[str]:
 Row = TypeVar("Row")
 
 
-def depths(deepest: int) -> Iterator[int]:
-    """The depths a top-k query reads at, round by round: ``FIRST_DEPTH`` on, ``DEEPER``
-    times deeper each round, the last one reaching every posting of the finders
-    (``deepest``)."""
+def deeper(depth: int, found: int, k: int) -> int:
+    """The depth of the round after one at ``depth`` that found ``found`` of ``k`` rows.
+
+    The rows a round finds grow about as its depth: twice as deep when that is
+    expected to find k with a quarter to spare (``found`` at least 5/8 of k), else
+    ``DEEPER`` times. A tag's search at 200,000 memories found 40-42 of 60 at depth
+    128, then read 512 where 256 would find about 80.
+    """
+    return depth * (2 if 8 * found >= 5 * k else DEEPER)
+
+
+def deepest_rows(read: Callable[[int], list[Row]], k: int, deepest: int) -> list[Row]:
+    """``read(depth)`` from ``FIRST_DEPTH``, deeper each round (``deeper``), until it
+    gives ``k`` rows or has read every posting of the finders (``deepest``)."""
     depth = FIRST_DEPTH
     while True:
-        yield depth
-        if depth >= deepest:
-            return
-        depth *= DEEPER
+        rows = read(depth)
+        if len(rows) >= k or depth >= deepest:
+            return rows
+        depth = deeper(depth, len(rows), k)
 
 
 async def deepening(read: Callable[[int], Awaitable[list[Row]]], k: int, deepest: int) -> list[Row]:
-    """``read(depth)`` at each of ``depths``, until it gives ``k`` rows or has read every
-    posting of the finders."""
-    rows: list[Row] = []
-    for depth in depths(deepest):
+    """``deepest_rows`` with a ``read`` that awaits."""
+    depth = FIRST_DEPTH
+    while True:
         rows = await read(depth)
-        if len(rows) >= k:
-            break
-    return rows
+        if len(rows) >= k or depth >= deepest:
+            return rows
+        depth = deeper(depth, len(rows), k)

@@ -17,8 +17,9 @@ mean length, and each word's record count): the score is the one FTS5 gives.
 A word held by at most ``depth`` records of a list yields all of them, so the
 top k is exact there; beyond that it is the top k of the records among the
 most word-dense ones of each word. When the filters leave fewer than k of them
-(a kind or a tag that few records have), the search reads deeper, four times
-as far each round, until it has k or has read every posting.
+(a kind or a tag that few records have), the search reads deeper each round
+(``bm25.deeper``: two or four times as far), until it has k or has read every
+posting.
 
 The index is kept in step inside each write transaction: triggers queue every
 record whose words or liveness change (``postings_due``), and the store

@@ -15,7 +15,7 @@ from memory_mcp.lexical import query_terms, stem
 from memory_mcp.passages import MAX_PASSAGES
 from memory_mcp.records import Record
 from memory_mcp.storage.base import NEIGHBOUR_PROBES, Around, Filters, Scored, Vector
-from memory_mcp.storage.bm25 import TopPlan, depths, kept_per_walk, narrowed, rarest
+from memory_mcp.storage.bm25 import TopPlan, deepest_rows, kept_per_walk, narrowed, rarest
 from memory_mcp.storage.sqlite import postings
 from memory_mcp.storage.sqlite.driver import OPERATIONAL_ERRORS, on_thread
 from memory_mcp.storage.sqlite.sql import (
@@ -162,8 +162,8 @@ def lexical_rows(
         return []
     where, params = filters_sql(filters)
     weights = [v for item in plan.weights.items() for v in item]
-    rows: list[Any] = []
-    for depth in depths(plan.deepest):
+
+    def read(depth: int) -> list[Any]:
         narrow = narrowed(filters, depth, k)
         sql = postings.top_sql(
             len(lists),
@@ -176,9 +176,9 @@ def lexical_rows(
         passing = [*params, kept_per_walk(k)] if narrow else []
         walk = [*filters.kinds, depth, *passing]
         firsts = [v for n in lists for s in plan.finders for v in (n, s, *walk)]
-        rows = conn.execute(sql, [*firsts, *weights, length, *plan.weights, *params, k]).fetchall()
-        if len(rows) >= k:
-            break
+        return conn.execute(sql, [*firsts, *weights, length, *plan.weights, *params, k]).fetchall()
+
+    rows = deepest_rows(read, k, plan.deepest)
     return [(row, float(row[-1])) for row in rows]
 
 
