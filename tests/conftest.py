@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from helpers import postgres
-from helpers.model import MODEL_ENV, MODEL_NAME, local_model, model_path
+from helpers.model import MODEL_ENV, MODEL_NAME, local_model, model_path, seed_model_cache
 from helpers.processes import Workers
 from helpers.storage import STORAGE_URL_ENV, store_place
 from memory_mcp.config import Settings, StorageSettings
@@ -100,6 +100,7 @@ def _isolated_environment(
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg-data"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
     monkeypatch.setenv("MEMORY_MCP_DATA_DIR", str(tmp_path / "data"))
+    seed_model_cache(tmp_path / "xdg-cache")
 
 
 @pytest.fixture
@@ -143,8 +144,10 @@ def real_embedder(tmp_path_factory: pytest.TempPathFactory) -> FastEmbedEmbedder
     """all-MiniLM-L6-v2 from the local ONNX export, loaded once per test session (its
     streamlined graph kept in a cache folder of the session's, not the developer's)."""
     embedder = FastEmbedEmbedder(MODEL_NAME, model_path=str(model_path()))
+    cache = tmp_path_factory.mktemp("model-cache")
+    seed_model_cache(cache)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("model-cache")))
+        patch.setenv("XDG_CACHE_HOME", str(cache))
         embedder.load()
     return embedder
 
@@ -176,6 +179,7 @@ def workers() -> Iterator[Workers]:
 def env(tmp_path: Path, storage_url: str) -> dict[str, str]:
     """The environment a CLI gives the server: the user's, with this test's data and cache
     (and the backend the suite runs on)."""
+    seed_model_cache(tmp_path / "cache")
     return {
         **{k: v for k, v in os.environ.items() if not k.startswith("MEMORY_MCP_")},
         "MEMORY_MCP_DATA_DIR": str(tmp_path / "data"),

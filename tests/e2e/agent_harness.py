@@ -48,6 +48,8 @@ from fake_models import (
     Turn,
 )
 
+from helpers.model import seed_model_cache
+
 BRIEF_HEADING = "## Project memory (memory-mcp)"
 COMMAND_TIMEOUT = 60.0  # seconds for install, uninstall, `mcp list`, a store
 SESSION_TIMEOUT = 180.0  # seconds for one non-interactive agent session
@@ -229,6 +231,7 @@ class Home:
         self.gemini_policy = self.root / "gemini-policy.toml"
         for folder in (self.home, self.project, self.data, self.root / "tmp"):
             folder.mkdir(parents=True, exist_ok=True)
+        seed_model_cache(self.root / "xdg-cache")
         venv_bin = Path(sys.executable).parent  # where `uv run` put memory-mcp
         assert (venv_bin / "memory-mcp").exists(), f"no memory-mcp console script in {venv_bin}"
         self.env = {

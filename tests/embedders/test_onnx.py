@@ -83,7 +83,7 @@ def test_a_folder_fastembed_downloaded_to_is_remembered_for_the_next_start(
     assert "embedder.model_path" in missing.value.hint
     # what _load_fastembed writes after fastembed found (or downloaded) the model
     known = {embedder._key(): str(model_path())}
-    (tmp_path / "xdg-cache" / "memory-mcp").mkdir(parents=True)
+    (tmp_path / "xdg-cache" / "memory-mcp").mkdir(parents=True, exist_ok=True)
     (tmp_path / "xdg-cache" / "memory-mcp" / FOLDERS_FILE).write_text(json.dumps(known))
     assert embedder.locate() == str(model_path())
     embedder.load()

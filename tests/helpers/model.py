@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import functools
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from memory_mcp.embedders.fastembed import FastEmbedEmbedder
+from memory_mcp.embedders.graph import copy_path, streamlined
+from memory_mcp.embedders.onnx import model_file
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL_ENV = "MEMORY_MCP_EMBEDDER_MODEL_PATH"
@@ -65,3 +71,25 @@ _MODEL_HINT = (
     "tokenizer.json), or run the tests once with network access so that fastembed can "
     "download it."
 )
+
+
+def seed_model_cache(cache_home: Path) -> None:
+    """Give a process whose ``XDG_CACHE_HOME`` is ``cache_home`` the streamlined copy of the
+    real model (``embedders.graph``) the test session made once, as a hard link: each
+    process a test starts would otherwise make its own (about 2.5 s)."""
+    found = local_model()
+    source = model_file(Path(found)) if found else None
+    made = _session_copy(source) if source is not None else None
+    target = copy_path(source, cache_home / "memory-mcp" / "models") if source else None
+    if made is None or target is None or target.exists():
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(OSError):  # another filesystem: the process makes its own
+        os.link(made, target)
+
+
+@functools.cache
+def _session_copy(source: Path) -> Path | None:
+    folder = Path(tempfile.mkdtemp(prefix="memory-mcp-tests-model-"))
+    atexit.register(shutil.rmtree, folder, True)
+    return streamlined(source, folder)

@@ -57,14 +57,9 @@ def streamlined(source: Path, cache: Path) -> Path | None:
     be made; the reason is logged, and noted in the cache so that the next load
     does not try again when the model is the cause).
     """
-    try:
-        stat = source.stat()
-    except OSError:
+    target = copy_path(source, cache)
+    if target is None:
         return None
-    key = hashlib.sha256(
-        f"{source.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{VERSION}".encode()
-    ).hexdigest()[:16]
-    target = cache / f"{source.parent.name}-{key}.onnx"
     skip = target.with_suffix(".unchanged")
     if target.is_file():
         return target
@@ -96,6 +91,19 @@ def streamlined(source: Path, cache: Path) -> Path | None:
         partial.unlink(missing_ok=True)
     log.info("%s streamlined (%s), kept at %s", source, done.stdout.strip(), target)
     return target
+
+
+def copy_path(source: Path, cache: Path) -> Path | None:
+    """Where in ``cache`` the streamlined copy of ``source`` is kept: named by the file's
+    path, size and time, and the rewrite's version (None: no such file)."""
+    try:
+        stat = source.stat()
+    except OSError:
+        return None
+    key = hashlib.sha256(
+        f"{source.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{VERSION}".encode()
+    ).hexdigest()[:16]
+    return cache / f"{source.parent.name}-{key}.onnx"
 
 
 def streamline(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
