@@ -70,6 +70,7 @@ def streamlined(source: Path, cache: Path) -> Path | None:
         cache.mkdir(parents=True, exist_ok=True)
         done = subprocess.run(
             [sys.executable, "-m", "memory_mcp.embedders.graph", str(source), str(partial)],
+            stdin=subprocess.DEVNULL,  # a stdio server's input is the client's channel
             capture_output=True,
             text=True,
             timeout=_TIMEOUT_S,
