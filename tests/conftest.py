@@ -100,7 +100,6 @@ def _isolated_environment(
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg-data"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
     monkeypatch.setenv("MEMORY_MCP_DATA_DIR", str(tmp_path / "data"))
-    seed_model_cache(tmp_path / "xdg-cache")
 
 
 @pytest.fixture

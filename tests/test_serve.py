@@ -214,7 +214,7 @@ async def test_a_bad_or_stale_handshake_cache_is_relearned(
     env: dict[str, str], project: Path, tmp_path: Path, content: str
 ) -> None:
     cache = tmp_path / "cache" / "memory-mcp" / HANDSHAKE_CACHE
-    cache.parent.mkdir(parents=True)
+    cache.parent.mkdir(parents=True, exist_ok=True)  # it holds the model's copy already
     cache.write_text(content)
     async with stdio(env, project, "claude-code", mode="legacy") as c:
         tools = await c.list_tools()
