@@ -337,9 +337,9 @@ def main(argv: Sequence[str]) -> int:
     """``python -m memory_mcp.embedders.graph SOURCE TARGET``: write the streamlined copy."""
     try:
         import onnx
-    except ImportError:
-        print("the onnx package is not installed")
-        return _UNCHANGED
+    except ImportError:  # not the model's doing: the next load tries again
+        print("the onnx package is not installed", file=sys.stderr)
+        return 1
     source, target = Path(argv[0]), Path(argv[1])
     try:
         fast, summary = streamline(onnx.load(str(source), load_external_data=False))
