@@ -179,22 +179,26 @@ def deeper(depth: int, found: int, k: int) -> int:
     return depth * (2 if 8 * found >= 5 * k else DEEPER)
 
 
+def next_round(depth: int, found: int, k: int, deepest: int) -> int | None:
+    """The depth of the next round after one at ``depth`` found ``found`` rows (``deeper``);
+    None: the rounds are over (k rows, or every posting of the finders read)."""
+    return None if found >= k or depth >= deepest else deeper(depth, found, k)
+
+
 def deepest_rows(read: Callable[[int], list[Row]], k: int, deepest: int) -> list[Row]:
-    """``read(depth)`` from ``FIRST_DEPTH``, deeper each round (``deeper``), until it
+    """``read(depth)`` from ``FIRST_DEPTH``, round by round (``next_round``), until it
     gives ``k`` rows or has read every posting of the finders (``deepest``)."""
-    depth = FIRST_DEPTH
-    while True:
+    depth: int | None = FIRST_DEPTH
+    while depth is not None:
         rows = read(depth)
-        if len(rows) >= k or depth >= deepest:
-            return rows
-        depth = deeper(depth, len(rows), k)
+        depth = next_round(depth, len(rows), k, deepest)
+    return rows
 
 
 async def deepening(read: Callable[[int], Awaitable[list[Row]]], k: int, deepest: int) -> list[Row]:
     """``deepest_rows`` with a ``read`` that awaits."""
-    depth = FIRST_DEPTH
-    while True:
+    depth: int | None = FIRST_DEPTH
+    while depth is not None:
         rows = await read(depth)
-        if len(rows) >= k or depth >= deepest:
-            return rows
-        depth = deeper(depth, len(rows), k)
+        depth = next_round(depth, len(rows), k, deepest)
+    return rows
