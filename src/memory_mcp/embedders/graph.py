@@ -220,11 +220,10 @@ def _reshaped(dims: Sequence[int], target: Sequence[int]) -> list[int] | None:
 def _drop_nan_passes(graph: onnx.GraphProto) -> int:
     """Have what reads ``Where(IsNaN(p), 0, p)`` after a ``Softmax`` read ``p``; how many."""
     made_by = {o: n for n in graph.node for o in n.output}
-    zeros = _zero_constants(graph)
+    wheres = [n for n in graph.node if n.op_type == "Where" and len(n.input) == 3]
+    zeros = _zero_constants(graph, {n.input[1] for n in wheres})
     instead: dict[str, str] = {}
-    for node in graph.node:
-        if node.op_type != "Where" or len(node.input) != 3:
-            continue
+    for node in wheres:
         test, then, p = (made_by.get(node.input[0]), node.input[1], node.input[2])
         source = made_by.get(p)
         if (
@@ -245,13 +244,14 @@ def _drop_nan_passes(graph: onnx.GraphProto) -> int:
     return len(instead)
 
 
-def _zero_constants(graph: onnx.GraphProto) -> set[str]:
-    """The names of the graph's constant tensors whose every value is 0."""
+def _zero_constants(graph: onnx.GraphProto, names: set[str]) -> set[str]:
+    """Those of ``names`` that are constant tensors of the graph whose every value is 0
+    (only those are read: the weights are most of a model's bytes)."""
     from onnx import numpy_helper
 
-    tensors = {t.name: t for t in graph.initializer}
+    tensors = {t.name: t for t in graph.initializer if t.name in names}
     for node in graph.node:
-        if node.op_type == "Constant":
+        if node.op_type == "Constant" and node.output[0] in names:
             for attribute in node.attribute:
                 if attribute.name == "value":
                     tensors[node.output[0]] = attribute.t
