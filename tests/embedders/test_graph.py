@@ -168,6 +168,17 @@ def test_the_copy_is_made_once_and_kept(tmp_path: Path, monkeypatch: pytest.Monk
     assert again is not None and again != made
 
 
+def test_the_copy_is_kept_whatever_encoding_the_locale_prints_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The child's summary has a "→", which cp1252 or ASCII output cannot print: it
+    writes UTF-8 to its parent, so the copy it made is not thrown away."""
+    monkeypatch.setenv("PYTHONIOENCODING", "ascii")
+    source = tmp_path / "model.onnx"
+    onnx.save(_encoder(), str(source))
+    assert streamlined(source, tmp_path / "cache") is not None
+
+
 def test_a_model_left_as_it_is_is_noted_and_not_tried_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -72,7 +72,10 @@ def streamlined(source: Path, cache: Path) -> Path | None:
             [sys.executable, "-m", "memory_mcp.embedders.graph", str(source), str(partial)],
             stdin=subprocess.DEVNULL,  # a stdio server's input is the client's channel
             capture_output=True,
-            text=True,
+            # what it says in UTF-8 whatever the locale (cp1252 cannot print its "→")
+            env={**os.environ, "PYTHONIOENCODING": "utf-8"},
+            encoding="utf-8",
+            errors="replace",
             timeout=_TIMEOUT_S,
             check=False,
         )
