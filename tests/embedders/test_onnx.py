@@ -60,6 +60,26 @@ def test_the_streamlined_graph_gives_the_models_vectors_bit_for_bit(
     assert real_embedder.embed(TEXTS).tobytes() == product.tobytes()
 
 
+def test_a_damaged_copy_is_dropped_and_the_model_runs_as_exported(tmp_path: Path) -> None:
+    """A copy cut short (a crash while it was written elsewhere, a disk error) does not
+    stop the model from loading; the next load makes it again."""
+    from memory_mcp.embedders.graph import copy_path
+    from memory_mcp.embedders.onnx import OnnxModel, model_file
+
+    source = model_file(model_path())
+    assert source is not None
+    damaged = copy_path(source, tmp_path / "models")
+    assert damaged is not None
+    damaged.parent.mkdir()
+    damaged.write_bytes(source.read_bytes()[:1000])
+    loaded = OnnxModel(model_path(), max_tokens=256, cache=tmp_path / "models")
+    assert not damaged.exists()
+    expected = OnnxModel(model_path(), max_tokens=256).embed(TEXTS, batch_size=2)
+    assert loaded.embed(TEXTS, batch_size=2).tobytes() == expected.tobytes()
+    OnnxModel(model_path(), max_tokens=256, cache=tmp_path / "models")
+    assert damaged.is_file()  # made again
+
+
 def test_loading_the_model_from_its_folder_does_not_import_fastembed() -> None:
     script = (
         "import sys\n"

@@ -18,8 +18,10 @@ shapes, padded ones among them.
 
 ``streamlined`` makes the copy once per model file, in a child process (its
 ``onnx`` import and copies of the weights stay out of the server's memory), and
-keeps it in the cache folder; a model it cannot streamline, or whose outputs
-would change, is noted there and run as it is.
+keeps it in the cache folder. A model with nothing to rewrite, or whose outputs
+would change, is noted there and run as it is; a copy that could not be made
+(the child failed) is tried again at the next load, and one that will not load
+is dropped (``onnx.OnnxModel``) and made again.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ fastembed's.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -26,6 +27,8 @@ from memory_mcp.errors import EmbedderError
 
 if TYPE_CHECKING:
     import onnxruntime as ort
+
+log = logging.getLogger(__name__)
 
 # Models fastembed runs with mean pooling and normalization (its "pooled normalized"
 # family) that this runner has been checked against; others load through fastembed.
@@ -51,13 +54,14 @@ class OnnxModel:
         (``graph.streamlined``); None: the graph runs as it is."""
         import onnxruntime as ort
 
-        onnx = model_file(folder)
-        if onnx is None:
+        source = model_file(folder)
+        if source is None:
             raise EmbedderError(f"{folder} holds no ONNX model (model.onnx)")
+        copy = None
         if cache is not None:
             from memory_mcp.embedders.graph import streamlined
 
-            onnx = streamlined(onnx, cache) or onnx
+            copy = streamlined(source, cache)
         self.tokenizer = _tokenizer(folder, max_tokens)
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -66,9 +70,22 @@ class OnnxModel:
         if threads:
             options.intra_op_num_threads = threads
             options.inter_op_num_threads = threads
-        self.session = ort.InferenceSession(
-            str(onnx), sess_options=options, providers=["CPUExecutionProvider"]
-        )
+
+        def session(path: Path) -> ort.InferenceSession:
+            return ort.InferenceSession(
+                str(path), sess_options=options, providers=["CPUExecutionProvider"]
+            )
+
+        try:
+            self.session = session(copy or source)
+        except Exception:
+            if copy is None:
+                raise
+            # A damaged copy (cut short, or one a newer onnxruntime refuses): the model
+            # runs as exported, and the next load makes the copy again.
+            log.warning("cannot load %s; running %s as exported", copy, source, exc_info=True)
+            copy.unlink(missing_ok=True)
+            self.session = session(source)
         self._inputs = {node.name for node in self.session.get_inputs()}
         self._lock = threading.Lock()
 
