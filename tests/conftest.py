@@ -24,6 +24,7 @@ from helpers.model import MODEL_ENV, MODEL_NAME, local_model, model_path, seed_m
 from helpers.processes import Workers
 from helpers.storage import STORAGE_URL_ENV, store_place
 from memory_mcp.config import Settings, StorageSettings
+from memory_mcp.dirs import CACHE_ENV
 from memory_mcp.embedders.base import FakeEmbedder
 from memory_mcp.embedders.fastembed import FastEmbedEmbedder
 from memory_mcp.service import MemoryService
@@ -99,6 +100,7 @@ def _isolated_environment(
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg-config"))
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg-data"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "xdg-cache" / "memory-mcp"))  # any platform
     monkeypatch.setenv("MEMORY_MCP_DATA_DIR", str(tmp_path / "data"))
 
 
@@ -146,7 +148,7 @@ def real_embedder(tmp_path_factory: pytest.TempPathFactory) -> FastEmbedEmbedder
     cache = tmp_path_factory.mktemp("model-cache")
     seed_model_cache(cache)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("XDG_CACHE_HOME", str(cache))
+        patch.setenv(CACHE_ENV, str(cache))
         embedder.load()
     return embedder
 
@@ -178,11 +180,12 @@ def workers() -> Iterator[Workers]:
 def env(tmp_path: Path, storage_url: str) -> dict[str, str]:
     """The environment a CLI gives the server: the user's, with this test's data and cache
     (and the backend the suite runs on)."""
-    seed_model_cache(tmp_path / "cache")
+    seed_model_cache(tmp_path / "cache" / "memory-mcp")
     return {
         **{k: v for k, v in os.environ.items() if not k.startswith("MEMORY_MCP_")},
         "MEMORY_MCP_DATA_DIR": str(tmp_path / "data"),
         MODEL_ENV: local_model(),  # the processes it starts find the model as the tests do
         "XDG_CACHE_HOME": str(tmp_path / "cache"),
+        CACHE_ENV: str(tmp_path / "cache" / "memory-mcp"),
         **({"MEMORY_MCP_STORAGE_URL": storage_url} if storage_url else {}),
     }

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from memory_mcp.config import Settings, iter_settings, load_settings
+from memory_mcp.dirs import CACHE_ENV, cache_dir
 from memory_mcp.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -76,6 +77,18 @@ def test_a_project_file_cannot_redirect_storage_or_embedder_endpoints(tmp_path: 
     )
     with pytest.raises(ConfigError, match="may only set"):
         load_settings(project_root=tmp_path, env={})
+
+
+def test_the_cache_folder_is_moved_by_its_variable_which_is_no_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``MEMORY_MCP_CACHE_DIR`` moves the cache on every platform (the XDG variables
+    only on Linux), and the settings do not refuse it as an unknown variable."""
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "elsewhere"))
+    assert cache_dir() == tmp_path / "elsewhere"
+    assert load_settings(env={CACHE_ENV: str(tmp_path / "elsewhere")}).settings == Settings()
+    monkeypatch.delenv(CACHE_ENV)
+    assert cache_dir() != tmp_path / "elsewhere"
 
 
 @pytest.mark.parametrize(

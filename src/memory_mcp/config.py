@@ -701,7 +701,7 @@ def _env_layer(env: Mapping[str, str]) -> dict[str, Any]:
     by_var = {info.env_var: info for info in iter_settings()}
     layer: dict[str, Any] = {}
     for name, raw in env.items():
-        if not name.startswith(ENV_PREFIX) or name == USER_CONFIG_ENV:
+        if not name.startswith(ENV_PREFIX) or name in (USER_CONFIG_ENV, dirs.CACHE_ENV):
             continue
         info = by_var.get(name)
         if info is None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 # The stdio front's cache of the server's handshake answers, in ``cache_dir()``.
 HANDSHAKE_CACHE = "handshake.json"
+CACHE_ENV = "MEMORY_MCP_CACHE_DIR"
 
 
 def data_dir(env: Mapping[str, str] | None = None) -> Path:
@@ -37,7 +38,10 @@ def config_dir(env: Mapping[str, str]) -> Path:
 
 
 def cache_dir() -> Path:
-    """The user's cache directory for memory-mcp (no settings needed to find it)."""
+    """The user's cache directory for memory-mcp (no settings needed to find it):
+    ``$MEMORY_MCP_CACHE_DIR``, else the platform's."""
+    if configured := os.environ.get(CACHE_ENV):
+        return Path(configured)
     if sys.platform == "win32":
         base = os.environ.get("LOCALAPPDATA") or str(Path.home() / "AppData" / "Local")
         return Path(base) / "memory-mcp" / "cache"

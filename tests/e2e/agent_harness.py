@@ -49,6 +49,7 @@ from fake_models import (
 )
 
 from helpers.model import seed_model_cache
+from memory_mcp.dirs import CACHE_ENV
 
 BRIEF_HEADING = "## Project memory (memory-mcp)"
 COMMAND_TIMEOUT = 60.0  # seconds for install, uninstall, `mcp list`, a store
@@ -231,7 +232,7 @@ class Home:
         self.gemini_policy = self.root / "gemini-policy.toml"
         for folder in (self.home, self.project, self.data, self.root / "tmp"):
             folder.mkdir(parents=True, exist_ok=True)
-        seed_model_cache(self.root / "xdg-cache")
+        seed_model_cache(self.root / "xdg-cache" / "memory-mcp", self.embedding_model)
         venv_bin = Path(sys.executable).parent  # where `uv run` put memory-mcp
         assert (venv_bin / "memory-mcp").exists(), f"no memory-mcp console script in {venv_bin}"
         self.env = {
@@ -245,6 +246,7 @@ class Home:
             "XDG_DATA_HOME": str(self.root / "xdg-data"),
             "XDG_CACHE_HOME": str(self.root / "xdg-cache"),
             "MEMORY_MCP_DATA_DIR": str(self.data),
+            CACHE_ENV: str(self.root / "xdg-cache" / "memory-mcp"),
             "MEMORY_MCP_EMBEDDER_MODEL_PATH": str(self.embedding_model),
             "GIT_CONFIG_NOSYSTEM": "1",
             # No update checks, telemetry or error reports: nothing but the fake models.

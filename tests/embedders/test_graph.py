@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -196,11 +198,100 @@ def test_a_model_left_as_it_is_is_noted_and_not_tried_again(
     assert streamlined(source, cache) is None
 
 
-def test_a_copy_that_cannot_be_made_leaves_the_model_as_it_is(tmp_path: Path) -> None:
-    """A file that is no model: the child fails, nothing is noted, the next load tries
-    again (the cause may be passing, e.g. a full disk)."""
+def test_a_file_it_cannot_read_as_a_model_is_noted_and_left_as_it_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The model's doing: noted (with the reason) like a model with nothing to fold, so
+    that each load does not try again; no copy, no partial file."""
     source = tmp_path / "model.onnx"
     source.write_bytes(b"not a model")
     cache = tmp_path / "cache"
     assert streamlined(source, cache) is None
+    (noted,) = cache.iterdir()
+    assert noted.suffix == ".unchanged"
+    assert "cannot be rewritten" in noted.read_text(encoding="utf-8")
+    monkeypatch.setattr(subprocess, "run", _no_child)
+    assert streamlined(source, cache) is None
+
+
+def test_a_copy_the_machine_could_not_make_is_tried_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A child that failed for the machine's reasons (no onnx package, a full disk):
+    nothing noted, nothing left, the next load makes the copy."""
+    source = tmp_path / "model.onnx"
+    onnx.save(_encoder(), str(source))
+    cache = tmp_path / "cache"
+    real_run = subprocess.run
+
+    def failing(*args: object, **kwargs: object) -> subprocess.CompletedProcess[str]:
+        return subprocess.CompletedProcess([], 1, "", "OSError: [Errno 28] No space left")
+
+    monkeypatch.setattr(subprocess, "run", failing)
+    assert streamlined(source, cache) is None
     assert not list(cache.iterdir())
+    monkeypatch.setattr(subprocess, "run", real_run)
+    assert streamlined(source, cache) is not None
+
+
+def test_a_cache_it_cannot_write_costs_no_rewrite(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read-only cache folder: the model runs as it is without the child's seconds of
+    work that could not be kept, at every start."""
+    source = tmp_path / "model.onnx"
+    onnx.save(_encoder(), str(source))
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    writable: list[str] = []
+
+    def access(path: object, mode: int) -> bool:
+        writable.append(str(path))
+        return False
+
+    monkeypatch.setattr(graph.os, "access", access)  # as a read-only folder answers
+    monkeypatch.setattr(subprocess, "run", _no_child)
+    assert streamlined(source, cache) is None
+    assert writable == [str(cache)]
+    assert not list(cache.iterdir())
+
+
+def test_partial_copies_writers_left_behind_are_removed(tmp_path: Path) -> None:
+    """A process killed while it wrote leaves a partial file; a later writer removes it
+    once no writer can still be at it, and leaves a recent one alone."""
+    source = tmp_path / "model.onnx"
+    onnx.save(_encoder(nan_pass=False), str(source))
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    old, recent = cache / "model-1.123-4.partial", cache / "model-1.567-8.partial"
+    old.write_bytes(b"cut short")
+    recent.write_bytes(b"being written")
+    long_ago = time.time() - 3 * graph._TIMEOUT_S
+    os.utime(old, (long_ago, long_ago))
+    assert streamlined(source, cache) is not None
+    assert not old.exists() and recent.exists()
+
+
+def test_the_copy_is_named_by_the_versions_that_made_and_checked_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new onnxruntime (or onnx) gets its own copy, checked bit for bit again, and
+    tries again a model the old one could not rewrite."""
+    source = tmp_path / "model.onnx"
+    source.write_bytes(b"a model")
+    before = graph.copy_path(source, tmp_path)
+    graph._versions.cache_clear()
+    real_version = graph.metadata.version
+
+    def upgraded(name: str) -> str:
+        return "99.0" if name == "onnxruntime" else real_version(name)
+
+    monkeypatch.setattr(graph.metadata, "version", upgraded)
+    try:
+        assert graph.copy_path(source, tmp_path) != before
+    finally:
+        graph._versions.cache_clear()
+
+
+def _no_child(*args: object, **kwargs: object) -> None:
+    raise AssertionError("the child ran")

@@ -56,7 +56,11 @@ def test_the_streamlined_graph_gives_the_models_vectors_bit_for_bit(
     for batch_size in (1, 2, 5):
         expected = as_exported.embed(TEXTS, batch_size=batch_size)
         assert streamlined.embed(TEXTS, batch_size=batch_size).tobytes() == expected.tobytes()
+    assert streamlined.path == copy and as_exported.path == model_path() / "model.onnx"
     product = as_exported.embed(TEXTS, batch_size=real_embedder.batch_size)
+    assert real_embedder._direct is not None
+    assert real_embedder._direct.path.suffix == ".onnx"
+    assert real_embedder._direct.path.parent.name == "models"  # the copy, not the export
     assert real_embedder.embed(TEXTS).tobytes() == product.tobytes()
 
 
@@ -73,7 +77,7 @@ def test_a_damaged_copy_is_dropped_and_the_model_runs_as_exported(tmp_path: Path
     damaged.parent.mkdir()
     damaged.write_bytes(source.read_bytes()[:1000])
     loaded = OnnxModel(model_path(), max_tokens=256, cache=tmp_path / "models")
-    assert not damaged.exists()
+    assert not damaged.exists() and loaded.path == source
     expected = OnnxModel(model_path(), max_tokens=256).embed(TEXTS, batch_size=2)
     assert loaded.embed(TEXTS, batch_size=2).tobytes() == expected.tobytes()
     OnnxModel(model_path(), max_tokens=256, cache=tmp_path / "models")

@@ -73,14 +73,15 @@ _MODEL_HINT = (
 )
 
 
-def seed_model_cache(cache_home: Path) -> None:
-    """Give a process whose ``XDG_CACHE_HOME`` is ``cache_home`` the streamlined copy of the
-    real model (``embedders.graph``) the test session made once, as a hard link: each
-    process a test starts would otherwise make its own (about 2.5 s)."""
-    found = local_model()
+def seed_model_cache(cache: Path, model: Path | str | None = None) -> None:
+    """Give a process whose cache folder (``cache_dir()``) is ``cache`` the streamlined
+    copy of ``model`` (default: the real model's folder on this machine) that the test
+    session made once, as a hard link: each process a test starts would otherwise make
+    its own (about 2.5 s)."""
+    found = local_model() if model is None else str(model)
     source = model_file(Path(found)) if found else None
     made = _session_copy(source) if source is not None else None
-    target = copy_path(source, cache_home / "memory-mcp" / "models") if source else None
+    target = copy_path(source, cache / "models") if source else None
     if made is None or target is None or target.exists():
         return
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -29,6 +29,7 @@ _SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSWORD")
 _PATHS = frozenset(
     {
         "MEMORY_MCP_CONFIG",
+        "MEMORY_MCP_CACHE_DIR",
         "MEMORY_MCP_DATA_DIR",
         "MEMORY_MCP_EMBEDDER_MODEL_PATH",
         "MEMORY_MCP_EMBEDDER_CACHE_DIR",

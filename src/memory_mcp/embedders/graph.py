@@ -18,20 +18,28 @@ shapes, padded ones among them.
 
 ``streamlined`` makes the copy once per model file, in a child process (its
 ``onnx`` import and copies of the weights stay out of the server's memory), and
-keeps it in the cache folder. A model with nothing to rewrite, or whose outputs
-would change, is noted there and run as it is; a copy that could not be made
-(the child failed) is tried again at the next load, and one that will not load
-is dropped (``onnx.OnnxModel``) and made again.
+keeps it in the cache folder, named by the model file and the versions of the
+rewrite, onnx and onnxruntime. A model it cannot rewrite (nothing to fold,
+outputs that would change, a graph it does not read) is noted there and runs as
+it is, until one of those versions changes; a copy that could not be made for
+the machine's reasons (no ``onnx`` package, a full disk, a cache folder it
+cannot write) is tried again at the next load, and one that will not load is
+dropped (``onnx.OnnxModel``) and made again.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import logging
 import os
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterable, Sequence
+from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -67,9 +75,13 @@ def streamlined(source: Path, cache: Path) -> Path | None:
         return target
     if skip.is_file():
         return None
-    partial = target.with_suffix(f".{os.getpid()}.partial")
+    partial = target.with_suffix(f".{os.getpid()}-{threading.get_ident()}.partial")
     try:
         cache.mkdir(parents=True, exist_ok=True)
+        if not os.access(cache, os.W_OK | os.X_OK):  # not made only to be lost, each start
+            log.info("cannot write to %s; %s runs as it is", cache, source)
+            return None
+        _drop_stale(cache)
         done = subprocess.run(
             [sys.executable, "-m", "memory_mcp.embedders.graph", str(source), str(partial)],
             stdin=subprocess.DEVNULL,  # a stdio server's input is the client's channel
@@ -101,15 +113,37 @@ def streamlined(source: Path, cache: Path) -> Path | None:
 
 def copy_path(source: Path, cache: Path) -> Path | None:
     """Where in ``cache`` the streamlined copy of ``source`` is kept: named by the file's
-    path, size and time, and the rewrite's version (None: no such file)."""
+    path, size and time, the rewrite's version and those of onnxruntime (which checked
+    it) and onnx (which wrote it); None: no such file."""
     try:
         stat = source.stat()
     except OSError:
         return None
     key = hashlib.sha256(
-        f"{source.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{VERSION}".encode()
+        f"{source.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{VERSION}|{_versions()}".encode()
     ).hexdigest()[:16]
     return cache / f"{source.parent.name}-{key}.onnx"
+
+
+@functools.cache
+def _versions() -> str:
+    found = []
+    for package in ("onnxruntime", "onnx"):
+        try:
+            found.append(metadata.version(package))
+        except metadata.PackageNotFoundError:
+            found.append("-")
+    return "|".join(found)
+
+
+def _drop_stale(cache: Path) -> None:
+    """Remove what writers killed mid-way left (partial copies older than a writer
+    may take)."""
+    too_old = time.time() - 2 * _TIMEOUT_S
+    for partial in cache.glob("*.partial"):
+        with contextlib.suppress(OSError):
+            if partial.stat().st_mtime < too_old:
+                partial.unlink()
 
 
 def streamline(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
@@ -307,10 +341,12 @@ def _probe(model: onnx.ModelProto, names: Iterable[str]) -> list[dict[str, np.nd
 
 
 def _session(model: bytes) -> Any:
+    """A session with the options the product runs models with."""
     import onnxruntime as ort
 
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    from memory_mcp.embedders.onnx import session_options
+
+    options = session_options()
     options.log_severity_level = 3
     return ort.InferenceSession(model, sess_options=options, providers=["CPUExecutionProvider"])
 
@@ -350,6 +386,11 @@ def main(argv: Sequence[str]) -> int:
         fast, summary = streamline(onnx.load(str(source), load_external_data=False))
     except Unchanged as exc:
         print(exc)
+        return _UNCHANGED
+    except (MemoryError, OSError):  # the machine's doing: the next load tries again
+        raise
+    except Exception as exc:  # the model's doing (its key changes with onnx's version)
+        print(f"it cannot be rewritten: {type(exc).__name__}: {exc}"[:500])
         return _UNCHANGED
     onnx.save(fast, str(target))
     print(summary)

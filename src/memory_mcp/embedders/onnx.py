@@ -63,21 +63,16 @@ class OnnxModel:
 
             copy = streamlined(source, cache)
         self.tokenizer = _tokenizer(folder, max_tokens)
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.enable_cpu_mem_arena = False
-        quiet(options)
-        if threads:
-            options.intra_op_num_threads = threads
-            options.inter_op_num_threads = threads
+        options = session_options(threads)
 
         def session(path: Path) -> ort.InferenceSession:
             return ort.InferenceSession(
                 str(path), sess_options=options, providers=["CPUExecutionProvider"]
             )
 
+        self.path = copy or source  # the graph it runs
         try:
-            self.session = session(copy or source)
+            self.session = session(self.path)
         except Exception:
             if copy is None:
                 raise
@@ -85,6 +80,7 @@ class OnnxModel:
             # runs as exported, and the next load makes the copy again.
             log.warning("cannot load %s; running %s as exported", copy, source, exc_info=True)
             copy.unlink(missing_ok=True)
+            self.path = source
             self.session = session(source)
         self._inputs = {node.name for node in self.session.get_inputs()}
         self._lock = threading.Lock()
@@ -167,6 +163,20 @@ def _tokenizer(folder: Path, max_tokens: int) -> Any:
         length=None,
     )
     return tokenizer
+
+
+def session_options(threads: int = 0) -> ort.SessionOptions:
+    """The options a model's session runs with (``graph`` checks its copies with them)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.enable_cpu_mem_arena = False
+    quiet(options)
+    if threads:
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = threads
+    return options
 
 
 def quiet(options: ort.SessionOptions) -> None:
