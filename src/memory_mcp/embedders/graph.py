@@ -344,7 +344,7 @@ def _session(model: bytes) -> Any:
     """A session with the options the product runs models with."""
     import onnxruntime as ort
 
-    from memory_mcp.embedders.onnx import session_options
+    from memory_mcp.embedders.sessions import session_options
 
     options = session_options()
     options.log_severity_level = 3

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from memory_mcp.embedders.base import Matrix, length_batches
+from memory_mcp.embedders.sessions import quiet, session_options
 from memory_mcp.errors import EmbedderError
 
 if TYPE_CHECKING:
@@ -163,34 +164,6 @@ def _tokenizer(folder: Path, max_tokens: int) -> Any:
         length=None,
     )
     return tokenizer
-
-
-def session_options(threads: int = 0) -> ort.SessionOptions:
-    """The options a model's session runs with (``graph`` checks its copies with them)."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.enable_cpu_mem_arena = False
-    quiet(options)
-    if threads:
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = threads
-    return options
-
-
-def quiet(options: ort.SessionOptions) -> None:
-    """Idle inference threads sleep instead of spinning.
-
-    onnxruntime's threads spin-wait after each run by default, holding a core
-    the vector search that follows a store's embedding wants: scoring 108,834
-    rows on two threads took 13.7 ms right after an embedding instead of 7.4,
-    and a query's embedding cost 57.8 ms of CPU time instead of 10.3 (on a
-    machine that several agents' servers share). Embedding is as fast without
-    it (12.3 vs 12.4 ms a passage).
-    """
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    options.add_session_config_entry("session.inter_op.allow_spinning", "0")
 
 
 @contextmanager
