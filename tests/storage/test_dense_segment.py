@@ -3,6 +3,7 @@ clusters large scopes, and keeps their codes in a file."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -65,6 +66,7 @@ def _clustered_segment(
     """A segment of ``rows`` clustered rows, clustered, whose searches score ``probes``."""
     monkeypatch.setattr(dense, "CLUSTER_FROM", 1000)
     monkeypatch.setattr(dense, "IVF_PROBES", probes)
+    monkeypatch.setattr(dense, "PROBE_ROWS", 1)  # the clusters' count, not their size, sets it
     segment = _Segment(24, folder)
     _fill(segment, _clustered_rows(rows, 24, seed=seed), first_seq=1)
     assert segment.codes.in_file == (folder is not None)
@@ -105,6 +107,30 @@ def test_a_clustered_segment_scores_a_few_clusters_and_finds_the_exact_top(
         found = set(positions[np.argsort(-sims)[:20]].tolist())
         recall.append(len(best & found) / 20)
     assert np.mean(recall) >= 0.95
+
+
+def test_a_scope_of_small_clusters_probes_more_of_them(
+    monkeypatch: pytest.MonkeyPatch, folder: Path | None
+) -> None:
+    """Recall falls where clusters are small (10,000 memories: 96 rows a cluster, 0.977
+    of the exact top 50 records from 48 probes): a search scores ``PROBE_ROWS`` rows a
+    probe at least, so more clusters there, and as many as asked where they are large."""
+    assert dense.probed_clusters(48, 22_346, 232) == 128  # the bench's 10,000 memories
+    assert dense.probed_clusters(24, 22_346, 232) == 64  # the write path's read there
+    assert dense.probed_clusters(48, 174_197, 647) == 48  # 50,000
+    assert dense.probed_clusters(48, 442_041, 1_031) == 48  # 200,000
+    assert dense.probed_clusters(48, 4_000, 60) == 60  # never more than there are
+    segment = _clustered_segment(monkeypatch, 4000, probes=8, seed=1, folder=folder)
+    monkeypatch.setattr(dense, "PROBE_ROWS", 80)  # clusters of about 41 rows: twice as many
+    clustered = int(segment.starts[segment.clusters])
+    probes = dense.probed_clusters(8, clustered, segment.clusters)
+    assert probes == math.ceil(8 * 80 * segment.clusters / clustered) > 8
+    sizes = np.diff(segment.starts[: segment.clusters + 1])
+    for query in _clustered_rows(5, 24, seed=3):
+        probed = segment.probe(query)
+        assert probed is not None
+        nearest_first = np.argsort(-(segment.centroids @ query))
+        assert len(probed[0]) == sizes[nearest_first[:probes]].sum()  # the nearest clusters
 
 
 def test_the_rows_a_filter_keeps_score_as_every_row_does(

@@ -528,6 +528,7 @@ async def test_a_new_memorys_neighbours_come_from_fewer_clusters_than_a_search(
     ``IVF_PROBES``; both find the nearest records of well-separated clusters."""
     monkeypatch.setattr(dense, "IVF_PROBES", 12)
     monkeypatch.setattr(queries, "NEIGHBOUR_PROBES", 3)
+    monkeypatch.setattr(dense, "PROBE_ROWS", 1)  # as many clusters as asked, however small
     vectors = _around_centres(960, 24, seed=11)
     rows = [fact(f"fact {i}", embedder="m") for i in range(960)]
     store = await SqliteStore.open(tmp_path / "m.db")

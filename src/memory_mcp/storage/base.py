@@ -38,7 +38,8 @@ Position: TypeAlias = str
 # of a space (Postgres's ivfflat index) fall into ``ivf_lists(rows)`` clusters, and a
 # search scores exactly the rows of the ``IVF_PROBES`` clusters nearest the query:
 # 0.99 of the exact top 50 records at 108k and 436k rows on SQLite, 0.99 at 141k
-# rows on Postgres (``bench perf`` prints the recall it measures).
+# rows on Postgres (``bench perf`` prints the recall it measures). SQLite scores more
+# clusters where they are small (``sqlite.dense.probed_clusters``).
 IVF_PROBES = 48
 # A new memory's neighbours for the write decision (``nearest_with_scores``) come from
 # fewer clusters: what can fold into it, supersede it or conflict with it is close

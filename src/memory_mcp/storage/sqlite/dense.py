@@ -38,6 +38,7 @@ import contextlib
 import copy
 import json
 import logging
+import math
 import mmap
 import os
 import sqlite3
@@ -84,6 +85,7 @@ _SUPPORTED_LAYOUT = ("0", "1")  # sqlite-vec major, minor of the chunk tables re
 _LOAD_ATTEMPTS = 3  # loads that writes of other connections may spoil in a row
 
 CLUSTER_FROM = 20_000  # rows of a scope from which its searches probe clusters
+PROBE_ROWS = 256  # rows a probe scores at least, on average (``probed_clusters``)
 _TAIL_SHARE = 0.1  # rows written since the clustering, as a share, that start another
 _SAMPLE_PER_CLUSTER = 48  # rows k-means trains on, per cluster
 _ROUNDS = 8  # k-means rounds
@@ -98,6 +100,19 @@ class LayoutError(Exception):
 
 class Moved(Exception):
     """A scope changed while it loaded; its searches go through vec0 this once."""
+
+
+def probed_clusters(probes: int, rows: int, clusters: int) -> int:
+    """How many of a segment's ``clusters`` (holding ``rows``) a search asking for
+    ``probes`` scores: more where the clusters are small, so that it scores at least
+    ``PROBE_ROWS`` rows a probe on average.
+
+    A scope's clusters hold about ``sqrt(rows) / 1.55`` rows (``ivf_lists``): 270 at
+    50,000 memories, but 96 at 10,000 (22,346 rows, 232 clusters), where 48 probes
+    found 0.977 of the exact top 50 records and the write path's 24 found 0.933.
+    """
+    wanted = math.ceil(probes * PROBE_ROWS * clusters / rows) if rows > 0 else probes
+    return min(clusters, max(probes, wanted))
 
 
 def _quantize(vectors: npt.NDArray[np.float32]) -> tuple[npt.NDArray[np.int8], Vector]:
@@ -384,9 +399,9 @@ class _Segment:
         ``corpus_ok``, every live row passes."""
         if self.centroids is None:
             return None
-        probes = probes or IVF_PROBES
         starts = self.starts
         clusters = len(self.centroids)
+        probes = probed_clusters(probes or IVF_PROBES, int(starts[clusters]), clusters)
         near = np.arange(clusters)
         if clusters > probes:
             near = np.argpartition(-(self.centroids @ query), probes)[:probes]
