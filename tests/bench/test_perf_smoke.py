@@ -97,6 +97,7 @@ async def test_perf_waits_for_the_clusters_and_measures_their_recall(
 
     monkeypatch.setattr(dense, "CLUSTER_FROM", 40)
     monkeypatch.setattr(dense, "IVF_PROBES", 20)  # of about 55 clusters
+    monkeypatch.setattr(dense, "PROBE_ROWS", 1)  # however few rows they hold
     report = await run_perf([600], Settings(), samples=5, embedder=FakeEmbedder())
     (point,) = report.points
     assert point.index_wait_s is not None
