@@ -114,6 +114,39 @@ def _pgserver_psql() -> str | None:
     return str(found) if found.exists() else None
 
 
+async def test_a_memorys_rarest_words_are_counted_once_a_while_a_search_counts_afresh(
+    store: Any,
+) -> None:
+    """Counting a word's records reads all its postings (8.7 ms for a new memory's words
+    at 50,000 memories): the write path's rare-word lookup reuses counts for
+    ``COUNTS_TTL`` seconds, as SQLite's does; a search's BM25 counts them each time."""
+    async with store.write() as tx:
+        for n in range(4):
+            await tx.insert(fact(f"zephyr quokka deploy note {n}"), None)
+    counted: list[list[str]] = []
+    fetch = store.fetch
+
+    async def watched(sql: str, params: Any = (), *args: Any, **kwargs: Any) -> Any:
+        if "FROM record_terms x" in sql:
+            counted.append(sorted(params[0]))
+        return await fetch(sql, params, *args, **kwargs)
+
+    store.fetch = watched
+    text = "zephyr quokka deploy note again"
+    first = await store.lexical(text, FACTS, 6, rare_words=True)
+    assert len(first) == 4 and len(counted) == 1
+    async with store.write() as tx:  # one more record: the counts are a little behind
+        await tx.insert(fact("zephyr quokka deploy note 4"), None)
+    again = await store.lexical(text, FACTS, 6, rare_words=True)
+    assert len(counted) == 1  # not counted again
+    assert {s.record.id for s in first} < {s.record.id for s in again}
+    await store.lexical(text, FACTS, 6)  # a search: counted now
+    assert len(counted) == 2
+    store.forget_word_counts()
+    await store.lexical("zephyr quokka deploy note", FACTS, 6, rare_words=True)
+    assert len(counted) == 3
+
+
 async def test_a_scratch_copy_lives_in_a_schema_dropped_after_it(store: Any) -> None:
     await filled(store)
     async with store.scratch_copy() as copy:

@@ -737,9 +737,9 @@ async def test_a_copy_reloaded_for_another_scope_meanwhile_is_not_searched(
 async def test_word_counts_start_over_when_too_many_are_remembered(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from memory_mcp.storage.sqlite import postings
+    from memory_mcp.storage import bm25
 
-    monkeypatch.setattr(postings, "COUNTS_MAX", 3)
+    monkeypatch.setattr(bm25, "COUNTS_MAX", 3)
     store = await SqliteStore.open(tmp_path / "m.db")
     try:
         async with store.write() as tx:

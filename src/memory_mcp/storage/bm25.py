@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
@@ -144,6 +144,43 @@ def narrowed(filters: Filters, depth: int, k: int) -> bool:
 # ones matched most of a 50,000-memory project (92 ms of a store).
 RARE_TERMS = 8
 RARE_POSTINGS = 5_000
+
+COUNTS_TTL = 600.0  # seconds a word's record count is reused
+COUNTS_MAX = 100_000  # words remembered at most
+
+
+class CountCache:
+    """How many records hold each word, as read a while ago: what picks a memory's
+    rarest words (``rarest``) and weighs its lexical candidates need not be exact.
+
+    Counting a word's records costs as many postings as it has (1-9 ms for a
+    memory's words at 50,000 memories, and growing with the store), so a count is
+    reused for ``COUNTS_TTL`` seconds; at most ``COUNTS_MAX`` words are kept.
+    """
+
+    def __init__(self) -> None:
+        self._counts: dict[str, tuple[int, float]] = {}  # stem -> (records, when read)
+
+    def forget(self) -> None:
+        """Read every count again."""
+        self._counts = {}
+
+    def unread(self, stems: Iterable[str], since: float) -> list[str]:
+        """Those of ``stems`` whose counts were not read after ``since`` (a
+        ``time.monotonic()``)."""
+        if len(self._counts) > COUNTS_MAX:
+            self._counts = {}
+        counts = self._counts
+        return [s for s in stems if s not in counts or counts[s][1] < since]
+
+    def read(self, stems: Iterable[str], found: Mapping[str, int], at: float) -> None:
+        """``stems`` were counted at ``at``: ``found`` has those some record holds."""
+        for s in stems:
+            self._counts[s] = (int(found.get(s, 0)), at)
+
+    def held(self, stems: Iterable[str]) -> dict[str, int]:
+        """The counts of ``stems`` that some record holds (all must have been read)."""
+        return {s: n for s in stems if (n := self._counts[s][0]) > 0}
 
 
 def rarest(terms: Sequence[str], held: Mapping[str, int]) -> list[str]:

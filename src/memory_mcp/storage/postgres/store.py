@@ -24,6 +24,7 @@ from memory_mcp.storage.base import (
     RecordCount,
     StoreStats,
 )
+from memory_mcp.storage.bm25 import CountCache
 from memory_mcp.storage.factory import redacted
 from memory_mcp.storage.postgres.migrations import WRITE_LOCK, migrate
 from memory_mcp.storage.postgres.queries import Queries
@@ -76,6 +77,7 @@ class PgStore(UpkeepReads, Queries):
         self._write_lock = anyio.Lock()
         self._spaces: dict[str, tuple[int, int]] = {}  # embedder -> (space, dimension)
         self.indexes = Rebuilder(url, search_path)
+        self.word_counts = CountCache()  # a memory's rarest words (``document_counts``)
 
     @classmethod
     async def open(
@@ -346,7 +348,7 @@ class PgStore(UpkeepReads, Queries):
             )
 
     def forget_word_counts(self) -> None:
-        """Nothing cached: the counts are read from ``record_terms`` each time."""
+        self.word_counts.forget()
 
     async def needing_embedding(self, embedder: str, limit: int) -> list[Record]:
         rows = await self.fetch(

@@ -37,7 +37,15 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from memory_mcp.storage.bm25 import K1, B, document_terms, impact, indexed_columns
+from memory_mcp.storage.bm25 import (
+    COUNTS_TTL,
+    K1,
+    B,
+    CountCache,
+    document_terms,
+    impact,
+    indexed_columns,
+)
 from memory_mcp.storage.rows import SELECT
 from memory_mcp.storage.sqlite.sql import marks
 
@@ -227,8 +235,6 @@ def top_sql(
     )
 
 
-COUNTS_TTL = 600.0  # seconds a word's record count is reused
-COUNTS_MAX = 100_000  # words remembered at most
 _VOCAB_SQL = (
     "CREATE VIRTUAL TABLE IF NOT EXISTS temp.records_vocab USING fts5vocab(main, records_fts, row)"
 )
@@ -247,29 +253,26 @@ class WordCounts:
     """
 
     def __init__(self) -> None:
-        self._counts: dict[str, tuple[int, float]] = {}  # stem -> (records, when read)
+        self._cache = CountCache()
         self._index: bytes | None = None  # FTS5's structure when they were exact
         self._vocab_ready = False  # the connection has temp.records_vocab
 
     def forget(self) -> None:
-        """Read every count again (a new dictionary: a read under way keeps its own)."""
-        self._counts = {}
+        """Read every count again."""
+        self._cache.forget()
 
     def read(self, conn: sqlite3.Connection, stems: set[str], fresh: bool) -> dict[str, int]:
         """The counts of ``stems`` that some record holds (the others are left out)."""
-        counts = self._counts
-        if len(counts) > COUNTS_MAX:
-            counts = self._counts = {}
         now = time.monotonic()
-        stale = now - COUNTS_TTL
+        since = now - COUNTS_TTL
         if fresh:
             row = conn.execute("SELECT block FROM records_fts_data WHERE id = 10").fetchone()
             index = bytes(row[0]) if row else b""
             if index != self._index:  # written since: none of them is exact now
-                counts = self._counts = {}
+                self._cache.forget()
                 self._index = index
-            stale = -math.inf
-        missing = [s for s in stems if s not in counts or counts[s][1] < stale]
+            since = -math.inf
+        missing = self._cache.unread(stems, since)
         if missing:
             if not self._vocab_ready:
                 conn.execute(_VOCAB_SQL)
@@ -280,9 +283,8 @@ class WordCounts:
                     missing,
                 )
             )
-            for s in missing:
-                counts[s] = (int(found.get(s, 0)), now)
-        return {s: counts[s][0] for s in stems if counts[s][0] > 0}
+            self._cache.read(missing, found, now)
+        return self._cache.held(stems)
 
 
 def totals(conn: sqlite3.Connection) -> tuple[int, float]:
