@@ -195,6 +195,21 @@ async def test_the_reject_policy_refuses_secrets_without_echoing_them(
         assert (await memory.engine.store.stats()).records == {}
 
 
+async def test_on_the_lexical_floor_an_update_finds_the_fact_written_just_before_it(
+    tmp_path: Path, storage_url: str, project: Path
+) -> None:
+    """Without vectors, a fact's update is found by its words: the words a process
+    counted as new to the store (no record held them) are counted again, not taken
+    as held by none for the ten minutes other counts are reused."""
+    settings, database = store_place(tmp_path, storage_url, "floor")
+    settings.embedder.backend = "bm25"
+    async with MemoryService.open(settings, database=database) as memory:
+        first = await memory.store("The Quuxbar gateway listens on port 8080", cwd=project)
+        second = await memory.store("The Quuxbar gateway listens on port 9090", cwd=project)
+        assert (first.action, second.action) == ("inserted", "superseded")
+        assert second.related_id == first.id
+
+
 async def test_filters_apply_before_the_limit(memory: MemoryService, project: Path) -> None:
     for i in range(12):
         await memory.store(f"Service {i} exposes metrics on port {9000 + i}", cwd=project)

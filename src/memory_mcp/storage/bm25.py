@@ -167,11 +167,13 @@ class CountCache:
 
     def unread(self, stems: Iterable[str], since: float) -> list[str]:
         """Those of ``stems`` whose counts were not read after ``since`` (a
-        ``time.monotonic()``)."""
+        ``time.monotonic()``), and those no record held when read: a word new to
+        the store is what the next memory on its subject finds it by (a zero
+        kept for ten minutes hid a fact from its update written a minute later)."""
         if len(self._counts) > COUNTS_MAX:
             self._counts = {}
         counts = self._counts
-        return [s for s in stems if s not in counts or counts[s][1] < since]
+        return [s for s in stems if s not in counts or counts[s][1] < since or not counts[s][0]]
 
     def read(self, stems: Iterable[str], found: Mapping[str, int], at: float) -> None:
         """``stems`` were counted at ``at``: ``found`` has those some record holds."""
