@@ -243,16 +243,16 @@ def test_a_cache_it_cannot_write_costs_no_rewrite(
     onnx.save(_encoder(), str(source))
     cache = tmp_path / "cache"
     cache.mkdir()
-    writable: list[str] = []
+    asked: list[Path] = []
 
-    def access(path: object, mode: int) -> bool:
-        writable.append(str(path))
-        return False
+    def writable(folder: Path) -> bool:
+        asked.append(folder)
+        return False  # as a read-only folder answers
 
-    monkeypatch.setattr(graph.os, "access", access)  # as a read-only folder answers
+    monkeypatch.setattr(graph, "_writable", writable)
     monkeypatch.setattr(subprocess, "run", _no_child)
     assert streamlined(source, cache) is None
-    assert writable == [str(cache)]
+    assert asked == [cache]
     assert not list(cache.iterdir())
 
 
@@ -281,16 +281,37 @@ def test_the_copy_is_named_by_the_versions_that_made_and_checked_it(
     source.write_bytes(b"a model")
     before = graph.copy_path(source, tmp_path)
     graph._versions.cache_clear()
-    real_version = graph.metadata.version
-
-    def upgraded(name: str) -> str:
-        return "99.0" if name == "onnxruntime" else real_version(name)
-
-    monkeypatch.setattr(graph.metadata, "version", upgraded)
+    monkeypatch.setattr(ort, "__version__", "99.0")  # the runtime imported, by any name
     try:
         assert graph.copy_path(source, tmp_path) != before
     finally:
         graph._versions.cache_clear()
+
+
+def test_a_failure_of_the_machine_in_the_child_is_not_noted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only errors that say the model cannot be rewritten are noted: onnxruntime failing
+    at run time (memory, a provider) leaves nothing noted, and the next load tries."""
+    source = tmp_path / "model.onnx"
+    onnx.save(_encoder(), str(source))
+    target = tmp_path / "copy.onnx"
+
+    def raising(error: Exception) -> None:
+        def streamline(model: onnx.ModelProto) -> None:
+            raise error
+
+        monkeypatch.setattr(graph, "streamline", streamline)
+
+    raising(MemoryError("cannot allocate"))
+    with pytest.raises(MemoryError):
+        graph.main([str(source), str(target)])
+    raising(RuntimeError("an execution provider failed"))
+    with pytest.raises(RuntimeError):
+        graph.main([str(source), str(target)])
+    raising(KeyError("a name the rewrite did not find"))  # the model's: noted
+    assert graph.main([str(source), str(target)]) == graph._UNCHANGED
+    assert not target.exists()
 
 
 def _no_child(*args: object, **kwargs: object) -> None:

@@ -734,6 +734,25 @@ async def test_a_copy_reloaded_for_another_scope_meanwhile_is_not_searched(
         await other.close()
 
 
+def test_word_counts_forgotten_mid_read_still_answer_and_zeros_are_read_again() -> None:
+    """A ``forget`` (maintenance's sweep) between a lookup and the counts it asked for
+    does not lose the counts the lookup found; a word no record held is read again."""
+    from memory_mcp.storage.bm25 import CountCache
+
+    cache = CountCache()
+    assert cache.remember(["alpha", "beta", "zeta"], {"alpha": 2, "beta": 1}, 100.0) == {
+        "alpha": 2,
+        "beta": 1,
+    }
+    known, missing = cache.lookup(["alpha", "beta", "gamma", "zeta"], 50.0)
+    assert known == {"alpha": 2, "beta": 1} and missing == ["gamma", "zeta"]
+    cache.forget()
+    known |= cache.remember(missing, {"gamma": 3}, 101.0)
+    assert known == {"alpha": 2, "beta": 1, "gamma": 3}
+    assert cache.lookup(["alpha", "gamma"], 50.0) == ({"gamma": 3}, ["alpha"])
+    assert cache.lookup(["gamma"], 101.5) == ({}, ["gamma"])  # read before ``since``
+
+
 async def test_word_counts_start_over_when_too_many_are_remembered(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -36,6 +36,7 @@ import logging
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -78,7 +79,7 @@ def streamlined(source: Path, cache: Path) -> Path | None:
     partial = target.with_suffix(f".{os.getpid()}-{threading.get_ident()}.partial")
     try:
         cache.mkdir(parents=True, exist_ok=True)
-        if not os.access(cache, os.W_OK | os.X_OK):  # not made only to be lost, each start
+        if not _writable(cache):  # not made only to be lost, at each start
             log.info("cannot write to %s; %s runs as it is", cache, source)
             return None
         _drop_stale(cache)
@@ -127,13 +128,25 @@ def copy_path(source: Path, cache: Path) -> Path | None:
 
 @functools.cache
 def _versions() -> str:
-    found = []
-    for package in ("onnxruntime", "onnx"):
-        try:
-            found.append(metadata.version(package))
-        except metadata.PackageNotFoundError:
-            found.append("-")
-    return "|".join(found)
+    """The imported onnxruntime's version (a GPU or DirectML build has its own package
+    name) and the installed onnx's."""
+    import onnxruntime
+
+    try:
+        written_by = metadata.version("onnx")
+    except metadata.PackageNotFoundError:
+        written_by = "-"
+    return f"{onnxruntime.__version__}|{written_by}"
+
+
+def _writable(folder: Path) -> bool:
+    """Whether a file can be made in ``folder`` (``os.access`` says yes to any folder
+    on Windows)."""
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            return True
+    except OSError:
+        return False
 
 
 def _drop_stale(cache: Path) -> None:
@@ -374,6 +387,28 @@ def _feed(session: Any, batch: int, length: int) -> dict[str, np.ndarray]:
     return feed
 
 
+def _model_errors() -> tuple[type[Exception], ...]:
+    """The errors that say the model (as these versions read it) cannot be rewritten:
+    a file that is no model, a graph onnx or onnxruntime refuses, one the rewrite does
+    not follow."""
+    import onnx
+    from google.protobuf.message import DecodeError
+    from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
+
+    return (
+        DecodeError,
+        onnx.checker.ValidationError,
+        onnx.shape_inference.InferenceError,
+        ort_errors.InvalidArgument,
+        ort_errors.InvalidGraph,
+        ort_errors.InvalidProtobuf,
+        ort_errors.NotImplemented,
+        KeyError,
+        IndexError,
+        ValueError,
+    )
+
+
 def main(argv: Sequence[str]) -> int:
     """``python -m memory_mcp.embedders.graph SOURCE TARGET``: write the streamlined copy."""
     try:
@@ -387,11 +422,11 @@ def main(argv: Sequence[str]) -> int:
     except Unchanged as exc:
         print(exc)
         return _UNCHANGED
-    except (MemoryError, OSError):  # the machine's doing: the next load tries again
-        raise
-    except Exception as exc:  # the model's doing (its key changes with onnx's version)
+    except _model_errors() as exc:  # its key changes with onnx's and onnxruntime's versions
         print(f"it cannot be rewritten: {type(exc).__name__}: {exc}"[:500])
         return _UNCHANGED
+    # Anything else (memory, the disk, an onnxruntime failure at run time) is the
+    # machine's: the child fails and the next load tries again.
     onnx.save(fast, str(target))
     print(summary)
     return 0

@@ -165,24 +165,37 @@ class CountCache:
         """Read every count again."""
         self._counts = {}
 
-    def unread(self, stems: Iterable[str], since: float) -> list[str]:
-        """Those of ``stems`` whose counts were not read after ``since`` (a
-        ``time.monotonic()``), and those no record held when read: a word new to
-        the store is what the next memory on its subject finds it by (a zero
-        kept for ten minutes hid a fact from its update written a minute later)."""
+    def lookup(self, stems: Iterable[str], since: float) -> tuple[dict[str, int], list[str]]:
+        """The counts of ``stems`` read after ``since`` (a ``time.monotonic()``) that some
+        record held, and the stems to count now: the others, and those no record held
+        when read (a word new to the store is what the next memory on its subject
+        finds it by: a zero kept for ten minutes hid a fact from its update written a
+        minute later). One look at the cache: a ``forget`` meanwhile changes nothing
+        of the answer."""
+        counts = self._counts
+        known: dict[str, int] = {}
+        missing: list[str] = []
+        for s in stems:
+            entry = counts.get(s)
+            if entry is None or entry[1] < since or not entry[0]:
+                missing.append(s)
+            else:
+                known[s] = entry[0]
+        return known, missing
+
+    def remember(self, stems: Iterable[str], found: Mapping[str, int], at: float) -> dict[str, int]:
+        """Keep the counts of ``stems`` read at ``at`` (``found``: those some record
+        holds); those held. Past ``COUNTS_MAX`` words the cache starts over."""
         if len(self._counts) > COUNTS_MAX:
             self._counts = {}
         counts = self._counts
-        return [s for s in stems if s not in counts or counts[s][1] < since or not counts[s][0]]
-
-    def read(self, stems: Iterable[str], found: Mapping[str, int], at: float) -> None:
-        """``stems`` were counted at ``at``: ``found`` has those some record holds."""
+        held: dict[str, int] = {}
         for s in stems:
-            self._counts[s] = (int(found.get(s, 0)), at)
-
-    def held(self, stems: Iterable[str]) -> dict[str, int]:
-        """The counts of ``stems`` that some record holds (all must have been read)."""
-        return {s: n for s in stems if (n := self._counts[s][0]) > 0}
+            n = int(found.get(s, 0))
+            counts[s] = (n, at)
+            if n > 0:
+                held[s] = n
+        return held
 
 
 def rarest(terms: Sequence[str], held: Mapping[str, int]) -> list[str]:

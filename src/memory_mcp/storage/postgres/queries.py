@@ -104,15 +104,15 @@ class Queries:
         """
         cache = self._store.word_counts
         now = time.monotonic()
-        wanted = list(stems) if fresh else cache.unread(stems, now - COUNTS_TTL)
+        known, wanted = cache.lookup(stems, math.inf if fresh else now - COUNTS_TTL)
         if wanted:
             rows = await self.fetch(
                 "SELECT t.term, (SELECT count(*) FROM record_terms x WHERE x.term = t.term) "
                 "FROM unnest(%s::text[]) AS t(term)",
                 [wanted],
             )
-            cache.read(wanted, {str(term): int(n) for term, n in rows}, now)
-        return cache.held(stems)
+            known |= cache.remember(wanted, {str(term): int(n) for term, n in rows}, now)
+        return known
 
     async def nearest(
         self, vector: Vector, embedder: str, filters: Filters, k: int, *, exact: bool = False

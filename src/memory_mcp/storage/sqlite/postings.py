@@ -272,7 +272,7 @@ class WordCounts:
                 self._cache.forget()
                 self._index = index
             since = -math.inf
-        missing = self._cache.unread(stems, since)
+        known, missing = self._cache.lookup(stems, since)
         if missing:
             if not self._vocab_ready:
                 conn.execute(_VOCAB_SQL)
@@ -283,8 +283,8 @@ class WordCounts:
                     missing,
                 )
             )
-            self._cache.read(missing, found, now)
-        return self._cache.held(stems)
+            known |= self._cache.remember(missing, found, now)
+        return known
 
 
 def totals(conn: sqlite3.Connection) -> tuple[int, float]:
