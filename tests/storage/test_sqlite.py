@@ -751,6 +751,9 @@ def test_word_counts_forgotten_mid_read_still_answer_and_zeros_are_read_again() 
     assert known == {"alpha": 2, "beta": 1, "gamma": 3}
     assert cache.lookup(["alpha", "gamma"], 50.0) == ({"gamma": 3}, ["alpha"])
     assert cache.lookup(["gamma"], 101.5) == ({}, ["gamma"])  # read before ``since``
+    cache.remember(["zeta"], {}, 102.0)
+    assert cache.lookup(["zeta"], 50.0) == ({}, ["zeta"])  # counts may be behind: read again
+    assert cache.lookup(["zeta"], 50.0, exact=True) == ({}, [])  # nothing written since
 
 
 async def test_word_counts_start_over_when_too_many_are_remembered(

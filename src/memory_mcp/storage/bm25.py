@@ -165,21 +165,23 @@ class CountCache:
         """Read every count again."""
         self._counts = {}
 
-    def lookup(self, stems: Iterable[str], since: float) -> tuple[dict[str, int], list[str]]:
+    def lookup(
+        self, stems: Iterable[str], since: float, *, exact: bool = False
+    ) -> tuple[dict[str, int], list[str]]:
         """The counts of ``stems`` read after ``since`` (a ``time.monotonic()``) that some
-        record held, and the stems to count now: the others, and those no record held
-        when read (a word new to the store is what the next memory on its subject
-        finds it by: a zero kept for ten minutes hid a fact from its update written a
-        minute later). One look at the cache: a ``forget`` meanwhile changes nothing
-        of the answer."""
+        record held, and the stems to count now: the others, and, unless the cache is
+        ``exact`` (nothing written since it was read), those no record held when read
+        (a word new to the store is what the next memory on its subject finds it by: a
+        zero kept for ten minutes hid a fact from its update written a minute later).
+        One look at the cache: a ``forget`` meanwhile changes nothing of the answer."""
         counts = self._counts
         known: dict[str, int] = {}
         missing: list[str] = []
         for s in stems:
             entry = counts.get(s)
-            if entry is None or entry[1] < since or not entry[0]:
+            if entry is None or entry[1] < since or not (entry[0] or exact):
                 missing.append(s)
-            else:
+            elif entry[0]:
                 known[s] = entry[0]
         return known, missing
 

@@ -272,7 +272,7 @@ class WordCounts:
                 self._cache.forget()
                 self._index = index
             since = -math.inf
-        known, missing = self._cache.lookup(stems, since)
+        known, missing = self._cache.lookup(stems, since, exact=fresh)
         if missing:
             if not self._vocab_ready:
                 conn.execute(_VOCAB_SQL)
