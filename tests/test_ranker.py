@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from memory_mcp import ranker
-from memory_mcp.records import Record, format_time
+from memory_mcp.records import _EMPHATIC, Record, emphasis, format_time
 
 NOW = datetime(2026, 6, 1, tzinfo=UTC)
 CONFIG = ranker.RankerConfig(half_life_days=30, prior_weight=0.15)
@@ -58,6 +58,21 @@ def test_importance_is_explicit_or_inferred_from_kind_and_words(
     record: Record, expected: float
 ) -> None:
     assert ranker.importance(record) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("NEVER force-push; Don't skip CI", 2),
+        ("the deadline-driven DECISION was a Bug", 3),
+        ("nevermore, doNOT, must've", 1),  # words, not parts of words ("must" of must've)
+        ("do  not merge", 0),  # one space between "do" and "not", as IGNORECASE found it
+        ("\u017fecurity review of the caf\u00e9", 1),  # long s: IGNORECASE's own rules
+        ("Caf\u00e9 rules: Never, always, must, critical", 3),
+    ],
+)
+def test_emphasis_counts_emphatic_words_whatever_their_case(text: str, expected: int) -> None:
+    assert emphasis(text) == expected == min(3, len(_EMPHATIC.findall(text)))
 
 
 @pytest.mark.parametrize(
