@@ -455,7 +455,7 @@ class Queries:
         side = (
             "(SELECT CASE WHEN abs(julianday(o.created_at) - julianday(c.created_at)) "
             "* 86400.0 <= ? AND o.embedder = ? AND o.vec_rows > 0 "
-            "THEN json_array(o.id, o.seq) END FROM records o "
+            "THEN o.seq || ':' || o.id END FROM records o "
             "WHERE o.scope_key = c.scope_key AND o.corpus = c.corpus AND o.live = 1 "
             "AND o.created_at {cmp}= c.created_at "
             "AND (o.created_at {cmp} c.created_at OR o.seq {cmp} c.seq) "
@@ -474,19 +474,25 @@ class Queries:
         )
         if not rows:
             return {}
+        # A neighbour comes as "seq:id", and rowids are made in place: a search reads a
+        # hundred candidates with twice as many neighbours, and a JSON array and a call
+        # for each made its read-around 3.7 ms at 50,000 memories, 3.4 without.
         found: dict[str, tuple[int, list[tuple[str, int]]]] = {}
         for record_id, seq, *around in rows:
-            others = [tuple(json.loads(value)) for value in around if value]
-            found[str(record_id)] = (int(seq), [(str(i), int(q)) for i, q in others])
+            others = [value.partition(":") for value in around if value]
+            found[str(record_id)] = (int(seq), [(i, int(q)) for q, _, i in others])
         seqs = {seq for seq, _ in found.values()}
         seqs.update(q for _, others in found.values() for _, q in others)
-        rowids = sorted(rowids_of(seq, 1)[0] for seq in seqs)
+        order = sorted(seqs)
+        rowids = [seq * MAX_PASSAGES for seq in order]  # each whole text's (``rowids_of``)
         rowid, vectors = await self._store._vectors(table, rowids)
         own = await self._own_writes()
         vector_of = {
-            owner_of(r): vectors[i] for i, r in enumerate(rowid.tolist()) if owner_of(r) not in own
+            seq: vector
+            for seq, vector in zip((rowid // MAX_PASSAGES).tolist(), vectors, strict=True)
+            if seq not in own
         }
-        rest = [r for r in rowids if owner_of(r) not in vector_of]
+        rest = [seq * MAX_PASSAGES for seq in order if seq not in vector_of]
         for r, vector in (await self._vectors_vec0(table, rest)).items():
             vector_of[owner_of(r)] = vector
         return {
