@@ -206,10 +206,16 @@ def top_sql(
     with its idf (a ``CASE``: a JSON object of them, read by ``json_each`` for each
     posting, cost a tenth of the query).
 
+    A narrowed round's candidates all pass the filters, so its best k are chosen by
+    their scores before their records are read. Reading every candidate's record and
+    sorting the rows took 1.87 ms where this takes 1.69 (58 of the bench's searches
+    at 50,000 memories, warm, the same rows); in a search, beside the model, the
+    lexical branch ends 0.3-0.8 ms sooner.
+
     Parameters: for each list and term, (list, term, the kinds, depth), then, if
     ``narrowed``, the filters' parameters and how many to keep; then (word, idf) for
-    each weighed word; then avgdl; then the weighed words; then the filters'
-    parameters; then k.
+    each weighed word; then avgdl; then the weighed words; then, if ``narrowed``, k;
+    then the filters' parameters; then k.
     """
     of_kinds = f"AND kind IN ({marks(range(kinds))}) " if kinds else ""
     first = (
@@ -222,6 +228,7 @@ def top_sql(
             f"WHERE {where} LIMIT ?"
         )
     firsts = " UNION ".join([f"SELECT seq FROM ({first})"] * (lists * terms))
+    best = "(SELECT seq, s FROM scored ORDER BY s DESC, seq LIMIT ?)" if narrowed else "scored"
     return (
         f"WITH candidates(seq) AS ({firsts}), "
         # Each candidate's postings of the query's words, by postings_seq; the weight
@@ -230,7 +237,7 @@ def top_sql(
         f"END * p.tf * {K1 + 1} / (p.tf + {K1} * ({1 - B} + {B} * p.dl / ?))) "
         "FROM candidates c CROSS JOIN postings p WHERE p.seq = c.seq "
         f"AND p.term IN ({marks(range(weighed))}) GROUP BY p.seq) "
-        f"SELECT {SELECT}, s.s FROM scored s CROSS JOIN records r ON r.seq = s.seq "
+        f"SELECT {SELECT}, s.s FROM {best} s CROSS JOIN records r ON r.seq = s.seq "
         f"WHERE {where} ORDER BY s.s DESC, r.seq LIMIT ?"
     )
 

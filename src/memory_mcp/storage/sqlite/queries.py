@@ -176,7 +176,10 @@ def lexical_rows(
         passing = [*params, kept_per_walk(k)] if narrow else []
         walk = [*filters.kinds, depth, *passing]
         firsts = [v for n in lists for s in plan.finders for v in (n, s, *walk)]
-        return conn.execute(sql, [*firsts, *weights, length, *plan.weights, *params, k]).fetchall()
+        best = [k] if narrow else []
+        return conn.execute(
+            sql, [*firsts, *weights, length, *plan.weights, *best, *params, k]
+        ).fetchall()
 
     rows = deepest_rows(read, k, plan.deepest)
     return [(row, float(row[-1])) for row in rows]
