@@ -6,6 +6,7 @@ import pytest
 
 from memory_mcp.config import FoldSettings
 from memory_mcp.fold import compare, decide, polarity, values
+from memory_mcp.lexical import Caseless
 
 SETTINGS = FoldSettings()
 
@@ -274,3 +275,27 @@ def test_value_tokens_are_those_of_every_kind_at_once() -> None:
     for text in texts:
         found = [(m.start(), m.group(0)) for m in _value_tokens(text)]
         assert found == [(m.start(), m.group(0)) for m in every.finditer(text)], text
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Use pnpm, NOT npm, but not yarn",
+        "use pnpm, not npm",
+        "Café: use pnpm, NOT npm",  # not ASCII: re.IGNORECASE's own rules
+        "\u017ftay on pnpm, but not npm",  # the long s
+    ],
+)
+def test_caseless_patterns_match_what_ignorecase_matches(text: str) -> None:
+    pattern = Caseless(r"(?:,|\bbut)\s+not\s+(\w+)")
+    folded = [m.casefold() for m in pattern.findall(text)]
+    assert folded == [m.casefold() for m in pattern.unicode.findall(text)]
+    assert folded and pattern.search(text)
+
+
+def test_cues_are_found_whatever_their_case() -> None:
+    assert compare("The API listens on 8080", "The API MOVED to 9090", 0.9).change_cue
+    assert compare("Timestamps are in UTC", "Timestamps are in local time, NOT UTC", 0.9).antonym
+    assert "1" in values("The report is built ONCE A DAY")
+    # the contrast's "not" rejects npm, it does not negate the statement
+    assert not compare("Use pnpm", "Use pnpm, NOT npm", 0.9).polarity_flip

@@ -32,7 +32,7 @@ from functools import cache, lru_cache
 from typing import Literal
 
 from memory_mcp.config import FoldSettings
-from memory_mcp.lexical import STOPWORDS, fold_accents, stem, words
+from memory_mcp.lexical import STOPWORDS, Caseless, fold_accents, stem, words
 from memory_mcp.records import normalized_text
 
 FoldAction = Literal["fold", "supersede", "conflict", "insert"]
@@ -90,17 +90,14 @@ _ANTONYMS: tuple[tuple[frozenset[str], frozenset[str]], ...] = tuple(
 # "Use pnpm, not npm" says what "use pnpm rather than npm" says: the "not" of a
 # contrast rejects the alternative, it does not negate the statement.
 _CONTRAST_NOT = r"(?:,|\bbut)\s+not"
-_CONTRAST = re.compile(rf"{_CONTRAST_NOT}\s+(?=\S)", re.IGNORECASE)
+_CONTRAST = Caseless(rf"{_CONTRAST_NOT}\s+(?=\S)")
 # What a contrast rejects: the words after ", not", "but not", "rather than", "instead of".
-_REJECTED = re.compile(
-    rf"(?:{_CONTRAST_NOT}|\brather\s+than|\binstead\s+of)\s+([^,;.()]{{1,40}})", re.IGNORECASE
-)
+_REJECTED = Caseless(rf"(?:{_CONTRAST_NOT}|\brather\s+than|\binstead\s+of)\s+([^,;.()]{{1,40}})")
 
-_CHANGE_CUE = re.compile(
+_CHANGE_CUE = Caseless(
     r"\b(?:renamed|moved|migrated|switched|upgraded|downgraded|replaced|raised|lowered|"
     r"increased|decreased|changed|bumped|took\s+over|now|no\s+longer|since|deprecated|"
     r"decommissioned|from\s+\S+\s+to)\b",
-    re.IGNORECASE,
 )
 
 # Value-like tokens: what a fact's subject is set to, by kind, each with what a text
@@ -142,9 +139,8 @@ def _value_tokens(text: str) -> Iterator[re.Match[str]]:
 
 # A transcript's turn: "Caroline: ..." (a name, then a colon and a space).
 _SPEAKER = re.compile(r"\s*([A-Z][\w'-]*(?: [A-Z][\w'-]*)?):\s")
-_ONE_UNIT = re.compile(
+_ONE_UNIT = Caseless(
     r"\b(?:every|each|per|once\s+an?|an?)\s+(?:second|minute|hour|day|week|month|year)\b",
-    re.IGNORECASE,
 )
 # Short all-caps words are vocabulary (CI, PR, ORM, UTC), not values.
 _ACRONYM = re.compile(r"^[a-z]{2,4}s?$")
@@ -269,6 +265,12 @@ def _split_over(whole: frozenset[str], parts: list[frozenset[str]]) -> bool:
     return len(parts) >= 2 and frozenset().union(*parts) == whole
 
 
+def _without_contrast(text: str) -> str:
+    """The text with the "not" of each contrast (", not X", "but not X") left out."""
+    pattern, subject = _CONTRAST.of(text)
+    return pattern.sub(" ", subject)
+
+
 def polarity(text: str) -> int:
     """How many negation cues ``text`` has."""
     return len(_NEGATION.findall(fold_accents(text).casefold().replace("\u2019", "'")))
@@ -367,7 +369,7 @@ def _analyse(text: str) -> _Text:
         plain=plain,
         plain_words=_number_words(plain),
         normalized=normalized_text(text),
-        negated=polarity(_CONTRAST.sub(" ", text)) > 0,
+        negated=polarity(_without_contrast(text)) > 0,
         change_cue=bool(_CHANGE_CUE.search(text)),
         speaker=speaker.group(1).casefold() if (speaker := _SPEAKER.match(text)) else None,
         rejected=frozenset(
