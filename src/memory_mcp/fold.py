@@ -266,7 +266,8 @@ def _split_over(whole: frozenset[str], parts: list[frozenset[str]]) -> bool:
 
 
 def _without_contrast(text: str) -> str:
-    """The text with the "not" of each contrast (", not X", "but not X") left out."""
+    """The text with the "not" of each contrast (", not X", "but not X") left out, and
+    lower-cased if it is ASCII (``Caseless``): for ``polarity``, which folds case."""
     pattern, subject = _CONTRAST.of(text)
     return pattern.sub(" ", subject)
 
