@@ -371,7 +371,7 @@ def _analyse(text: str) -> _Text:
         plain_words=_number_words(plain),
         normalized=normalized_text(text),
         negated=polarity(_without_contrast(text)) > 0,
-        change_cue=bool(_CHANGE_CUE.search(text)),
+        change_cue=_CHANGE_CUE.search(text),
         speaker=speaker.group(1).casefold() if (speaker := _SPEAKER.match(text)) else None,
         rejected=frozenset(
             stem(w)

@@ -495,7 +495,7 @@ class Queries:
             for seq, vector in zip((rowid // MAX_PASSAGES).tolist(), vectors, strict=True)
             if seq not in own
         }
-        rest = [seq * MAX_PASSAGES for seq in order if seq not in vector_of]
+        rest = [r for seq, r in zip(order, rowids, strict=True) if seq not in vector_of]
         for r, vector in (await self._vectors_vec0(table, rest)).items():
             vector_of[owner_of(r)] = vector
         return {
