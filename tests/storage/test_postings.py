@@ -72,6 +72,10 @@ async def test_the_top_k_is_fts5s_and_filters_read_deeper(tmp_path: Path) -> Non
                 kind = "gotcha" if n % 97 == 0 else "decision" if n % 3 == 1 else "fact"
                 tags = ["rare"] if n % 211 == 0 else []
                 await tx.insert(fact(f"deploy {words} item{n}", kind=kind, tags=tags), None)
+            for n in range(40):  # the best for "zebra", but only bob may read them
+                await tx.insert(fact(f"zebra zebra zebra mine{n}", user="bob", private=True), None)
+            for n in range(5):
+                await tx.insert(fact(f"zebra deploy ours{n}"), None)
         assert FIRST_DEPTH < 1500
         gotchas = dataclasses.replace(FILTERS, kinds=("gotcha",))
         cases = [
@@ -84,6 +88,11 @@ async def test_the_top_k_is_fts5s_and_filters_read_deeper(tmp_path: Path) -> Non
             ("deploy billing retry", dataclasses.replace(FILTERS, kinds=("decision",)), 50),
             ("deploy", dataclasses.replace(FILTERS, kinds=("decision",), since="2000-01-01"), 200),
             ("nothing matches this", FILTERS, 5),
+            # the best k are bob's, in a round that read every posting of the word: what
+            # alice may read is found by scoring every record again
+            ("zebra", dataclasses.replace(FILTERS, viewer="alice"), 10),
+            ("zebra deploy", dataclasses.replace(FILTERS, viewer="alice"), 3),
+            ("zebra", dataclasses.replace(FILTERS, viewer="bob"), 10),
         ]
         for text, filters, k in cases:
             ours = [(s.record.id, s.score) for s in await store.lexical(text, filters, k)]
@@ -96,6 +105,9 @@ async def test_the_top_k_is_fts5s_and_filters_read_deeper(tmp_path: Path) -> Non
             assert len(ours) == min(k, len(theirs))
         found = await store.lexical("deploy cache", gotchas, 10)
         assert len(found) == 10 and {s.record.kind for s in found} == {"gotcha"}
+        alice = await store.lexical("zebra", dataclasses.replace(FILTERS, viewer="alice"), 10)
+        ours = [f"zebra deploy ours{n}" for n in range(5)]
+        assert sorted(s.record.content for s in alice) == ours
     finally:
         await store.close()
 

@@ -182,7 +182,14 @@ def fts_totals(block: bytes) -> tuple[int, float]:
 
 
 def top_sql(
-    lists: int, terms: int, weighed: int, where: str, *, narrowed: bool = False, kinds: int = 0
+    lists: int,
+    terms: int,
+    weighed: int,
+    where: str,
+    *,
+    narrowed: bool = False,
+    kinds: int = 0,
+    every: bool = False,
 ) -> str:
     """The top k of the records among the first ``?`` postings of each (list, term):
     BM25 with the statistics given as parameters, filtered by ``where``.
@@ -206,15 +213,18 @@ def top_sql(
     with its idf (a ``CASE``: a JSON object of them, read by ``json_each`` for each
     posting, cost a tenth of the query).
 
-    A narrowed round's candidates all pass the filters, so its best k are chosen by
-    their scores before their records are read. Reading every candidate's record and
-    sorting the rows took 1.87 ms where this takes 1.69 (58 of the bench's searches
-    at 50,000 memories, warm, the same rows); in a search, beside the model, the
-    lexical branch ends 0.3-0.8 ms sooner.
+    The best k candidates are chosen by their scores before their records are read,
+    unless ``every``. A narrowed round's candidates all pass the filters, so they are
+    the k best. Another's may not (what a reader may see): if fewer than k of them
+    pass, the caller asks again, reading ``every`` candidate's record (``lexical_rows``).
+    Reading every candidate's record and sorting the rows took 1.87 ms where this
+    takes 1.69 (58 of the bench's narrowed searches at 50,000 memories, warm, the
+    same rows), and 1.16 where this takes 0.79 for the rare-word lookups of 60
+    stores (256 candidates each, for 6).
 
     Parameters: for each list and term, (list, term, the kinds, depth), then, if
     ``narrowed``, the filters' parameters and how many to keep; then (word, idf) for
-    each weighed word; then avgdl; then the weighed words; then, if ``narrowed``, k;
+    each weighed word; then avgdl; then the weighed words; then, unless ``every``, k;
     then the filters' parameters; then k.
     """
     of_kinds = f"AND kind IN ({marks(range(kinds))}) " if kinds else ""
@@ -228,7 +238,7 @@ def top_sql(
             f"WHERE {where} LIMIT ?"
         )
     firsts = " UNION ".join([f"SELECT seq FROM ({first})"] * (lists * terms))
-    best = "(SELECT seq, s FROM scored ORDER BY s DESC, seq LIMIT ?)" if narrowed else "scored"
+    best = "scored" if every else "(SELECT seq, s FROM scored ORDER BY s DESC, seq LIMIT ?)"
     return (
         f"WITH candidates(seq) AS ({firsts}), "
         # Each candidate's postings of the query's words, by postings_seq; the weight

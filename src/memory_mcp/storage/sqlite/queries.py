@@ -165,21 +165,18 @@ def lexical_rows(
 
     def read(depth: int) -> list[Any]:
         narrow = narrowed(filters, depth, k)
-        sql = postings.top_sql(
-            len(lists),
-            len(plan.finders),
-            len(plan.weights),
-            where,
-            narrowed=narrow,
-            kinds=len(filters.kinds),
-        )
         passing = [*params, kept_per_walk(k)] if narrow else []
         walk = [*filters.kinds, depth, *passing]
         firsts = [v for n in lists for s in plan.finders for v in (n, s, *walk)]
-        best = [k] if narrow else []
-        return conn.execute(
-            sql, [*firsts, *weights, length, *plan.weights, *best, *params, k]
-        ).fetchall()
+        shape = (len(lists), len(plan.finders), len(plan.weights), where)
+        sql = postings.top_sql(*shape, narrowed=narrow, kinds=len(filters.kinds))
+        rows = conn.execute(sql, [*firsts, *weights, length, *plan.weights, k, *params, k])
+        found = rows.fetchall()
+        if len(found) < k and not narrow:  # some of the best k may not pass the filters
+            sql = postings.top_sql(*shape, kinds=len(filters.kinds), every=True)
+            rows = conn.execute(sql, [*firsts, *weights, length, *plan.weights, *params, k])
+            found = rows.fetchall()
+        return found
 
     rows = deepest_rows(read, k, plan.deepest)
     return [(row, float(row[-1])) for row in rows]
