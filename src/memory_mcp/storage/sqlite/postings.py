@@ -219,8 +219,9 @@ def top_sql(
     pass, the caller asks again, reading ``every`` candidate's record (``lexical_rows``).
     Reading every candidate's record and sorting the rows took 1.87 ms where this
     takes 1.69 (58 of the bench's narrowed searches at 50,000 memories, warm, the
-    same rows), and 1.16 where this takes 0.79 for the rare-word lookups of 60
-    stores (256 candidates each, for 6).
+    same rows), and 1.34 where this takes 0.82 for the rare-word lookups of 300
+    stores (about 256 candidates each, for 6). A round that is not narrowed and
+    finds fewer than k (fewer candidates than k, in a small store) asks twice.
 
     Parameters: for each list and term, (list, term, the kinds, depth), then, if
     ``narrowed``, the filters' parameters and how many to keep; then (word, idf) for
