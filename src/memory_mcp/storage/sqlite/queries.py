@@ -169,13 +169,12 @@ def lexical_rows(
         walk = [*filters.kinds, depth, *passing]
         firsts = [v for n in lists for s in plan.finders for v in (n, s, *walk)]
         shape = (len(lists), len(plan.finders), len(plan.weights), where)
+        scoring = [*firsts, *weights, length, *plan.weights]
         sql = postings.top_sql(*shape, narrowed=narrow, kinds=len(filters.kinds))
-        rows = conn.execute(sql, [*firsts, *weights, length, *plan.weights, k, *params, k])
-        found = rows.fetchall()
+        found = conn.execute(sql, [*scoring, k, *params, k]).fetchall()
         if len(found) < k and not narrow:  # some of the best k may not pass the filters
             sql = postings.top_sql(*shape, kinds=len(filters.kinds), every=True)
-            rows = conn.execute(sql, [*firsts, *weights, length, *plan.weights, *params, k])
-            found = rows.fetchall()
+            found = conn.execute(sql, [*scoring, *params, k]).fetchall()
         return found
 
     rows = deepest_rows(read, k, plan.deepest)
