@@ -55,7 +55,18 @@ async def test_a_tiny_perf_run_reports_every_figure() -> None:
         point.import_embedded_per_s / point.model_batch_per_s, 3
     )
     assert point.index_wait_s is not None and point.index_wait_s >= 0
+    assert point.warm_read_s is not None and point.warm_read_s >= 0
     assert point.dense_recall_at_50 == 1.0  # a scope this small is scored whole
+
+
+def test_the_warm_read_reads_the_store_and_its_log_whole(tmp_path: Path) -> None:
+    from memory_mcp.bench.perf import warm_file
+
+    database = tmp_path / "memory.db"
+    database.write_bytes(b"x" * 5_000_000)  # more than one chunk
+    assert warm_file(database) == 5_000_000  # no log: the file alone
+    (tmp_path / "memory.db-wal").write_bytes(b"y" * 1234)
+    assert warm_file(database) == 5_001_234
 
 
 @pytest.mark.sqlite_only  # bench perf measures the SQLite files it makes
@@ -224,6 +235,7 @@ async def test_each_size_goes_to_the_store_a_storage_url_names(
         [20, 30], Settings(), samples=5, embedder=FakeEmbedder(), storage=template
     )
     assert [p.memories for p in report.points] == [20, 30]
+    assert all(p.warm_read_s is None for p in report.points)  # no file of its own to read
     async with open_url(template.replace("{size}", "30")) as filled:
         assert sum((await filled.status()).stats.records.values()) >= 30
     with pytest.raises(InvalidInput, match="holds records"):  # a store it did not make

@@ -373,6 +373,7 @@ def bench_perf(
         "model batch/s",
         "import/model",
         "index wait",
+        "warm read",
         "dense recall@50",
     )
     rows = [
@@ -395,6 +396,7 @@ def bench_perf(
             "-" if point.model_batch_per_s is None else f"{point.model_batch_per_s:,.0f}",
             _share(point.ratios["import_of_model"]),
             "-" if point.index_wait_s is None else f"{point.index_wait_s} s",
+            "-" if point.warm_read_s is None else f"{point.warm_read_s} s",
             "-" if point.dense_recall_at_50 is None else f"{point.dense_recall_at_50:.3f}",
         ]
         for point in result.points
