@@ -56,6 +56,9 @@ async def test_a_tiny_perf_run_reports_every_figure() -> None:
     )
     assert point.index_wait_s is not None and point.index_wait_s >= 0
     assert point.warm_read_s is not None and point.warm_read_s >= 0
+    # 30 imported, 3 for each of three other projects, 10 stores (5 of them warm-up),
+    # which may fold
+    assert point.current_records is not None and 39 < point.current_records <= 49
     assert point.dense_recall_at_50 == 1.0  # a scope this small is scored whole
 
 
@@ -83,6 +86,8 @@ async def test_rounds_take_turns_on_stores_filled_once(tmp_path: Path) -> None:
         (40, 2),
     ]
     assert report.points[2].import_per_s == report.points[0].import_per_s  # not refilled
+    grown = [p.current_records or 0 for p in report.points[1::2]]
+    assert grown[1] > grown[0]  # the second round meets the first one's stores
     assert json.loads((tmp_path / "40" / "fill.json").read_text())["runs"] == 2
     medians = report.to_json()["medians"]
     assert [(m["memories"], m["runs"]) for m in medians] == [(30, 2), (40, 2)]

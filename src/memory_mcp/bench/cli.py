@@ -356,6 +356,7 @@ def bench_perf(
     out.print(f"machine: {cpu_description()}; embedder: {result.points[0].embedder}")
     header = (
         "memories",
+        "current",
         "import/s",
         "embedded/s",
         "store p50",
@@ -379,6 +380,7 @@ def bench_perf(
     rows = [
         [
             f"{point.memories:,}",
+            "-" if point.current_records is None else f"{point.current_records:,}",
             f"{point.import_per_s:,.0f}",
             f"{point.import_embedded_per_s:,.0f}",
             f"{point.store_p50_ms} ms",

@@ -253,6 +253,10 @@ class PerfPoint:
     # Seconds spent reading the SQLite store's file once before the timed operations
     # (``warm_file``); None for a store that ``--storage`` names.
     warm_read_s: float | None = None
+    # Current records in the whole store when measured (all projects, the stores of
+    # earlier runs included): a kept store grows by every run's stores, and by
+    # whatever else is stored in it.
+    current_records: int | None = None
     # The share of the exact 50 nearest records (every vector scored) that the
     # approximate search returns, over the search queries and stored texts.
     dense_recall_at_50: float | None = None
@@ -579,6 +583,7 @@ async def measure(
         model_batch_per_s=model_batch_per_s,
         index_wait_s=index_wait_s,
         warm_read_s=warm_read_s,
+        current_records=sum(n for (_, _, state), n in stats.records.items() if state == "current"),
         dense_recall_at_50=recall,
     )
 
