@@ -494,6 +494,7 @@ async def measure(
     index_wait_s = await _settle_index(memory, root)
     warm_read_s = None
     if database is not None:
+        say(f"{count:,}: warm read", 0, 1)
         started = time.perf_counter()
         await anyio.to_thread.run_sync(warm_file, database)
         warm_read_s = round(time.perf_counter() - started, 2)
