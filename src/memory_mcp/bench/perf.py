@@ -622,7 +622,7 @@ def warm_file(database: Path) -> int:
     p90 was 6.6 ms on the first pass over a kept store against 1.3-1.4 on the next.
     """
     read = 0
-    for path in (database, database.with_name(database.name + "-wal")):
+    for path in (database, Path(f"{database}-wal")):
         with contextlib.suppress(FileNotFoundError), path.open("rb") as file:
             while chunk := file.read(1 << 22):
                 read += len(chunk)
@@ -776,9 +776,10 @@ async def _perf_point(
 
     # Its own store: the one --storage names, else the file in the folder, whatever
     # storage.url the user's settings give.
+    database = None if url else tmp / "memory.db"
     async with MemoryService.open(
         replaced(settings, storage=replaced(settings.storage, url=url)),
-        database=None if url else tmp / "memory.db",
+        database=database,
         embedder=embedder,
         wait_for_embedder=60,
     ) as memory:
@@ -799,7 +800,7 @@ async def _perf_point(
             filled,
             samples=samples,
             progress=progress,
-            database=None if url else tmp / "memory.db",
+            database=database,
         )
     save(filled)
     return point, filled
