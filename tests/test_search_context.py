@@ -14,6 +14,7 @@ from memory_mcp.config import Settings, replaced
 from memory_mcp.embedders.base import FakeEmbedder
 from memory_mcp.service import MemoryService, StoreRequest
 from memory_mcp.storage.base import Around
+from memory_mcp.write import prepare
 
 pytestmark = pytest.mark.anyio
 
@@ -116,6 +117,34 @@ async def test_neighbours_in_time_stay_in_their_project_and_skip_what_is_gone(
     alone = await memory.engine.store.in_conversation([ids["question"]], 0, embedder)
     assert _neighbours(alone, ids) == {"question": []}
     assert await memory.engine.store.in_conversation([ids["question"]], within, "other:model") == {}
+
+
+async def test_a_neighbour_in_time_without_a_vector_is_left_out(
+    memory: MemoryService, project: Path
+) -> None:
+    """A record stored without vectors (the model away) is nobody's neighbour, and the
+    record before it has none on that side."""
+    ids = await _conversation(memory, project)
+    scope = (await memory.engine.project(project)).scope
+    bare = prepare(
+        "Caroline: (a photo of the workshop)",
+        kind="fact",
+        scope=scope,
+        importance=None,
+        tags=(),
+        agent="chat",
+        at=T0 + timedelta(minutes=1),
+        settings=memory.engine.settings.write,
+    ).record
+    async with memory.engine.store.write() as tx:
+        await tx.insert(bare, None)
+    ids["bare"] = bare.id
+    embedder = memory.engine.embeddings.identity
+    assert embedder is not None
+    around = await memory.engine.store.in_conversation(
+        [ids["question"], ids["reply"], bare.id], 30 * 60.0, embedder
+    )
+    assert _neighbours(around, ids) == {"question": ["reply"], "reply": ["question"]}
 
 
 async def test_feedback_reorders_the_relevant_hits_and_admits_none(

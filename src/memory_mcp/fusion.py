@@ -37,7 +37,7 @@ from memory_mcp import ranker
 from memory_mcp.lexical import stems
 from memory_mcp.records import Hit, Record
 from memory_mcp.secret_scan import redact_text
-from memory_mcp.storage.base import Around, Filters, Scored, Store, Vector
+from memory_mcp.storage.base import IVF_PROBES, Around, Filters, Scored, Store, Vector
 
 
 @dataclass(frozen=True)
@@ -99,11 +99,15 @@ async def candidates(
         found.bm25[item.record.id] = item.score
     if query_vector is None or embedder is None:
         return found
-    for item in await store.nearest(query_vector, embedder, filters, plan.candidates):
+    # The lexical candidates' cosines in the same read: one trip to the store for both.
+    near, scores = await store.nearest_with_scores(
+        query_vector, embedder, filters, plan.candidates, list(found.bm25), probes=IVF_PROBES
+    )
+    for item in near:
         found.records[item.record.id] = item.record
         found.cosine[item.record.id] = item.score
-    missing = [rid for rid in found.bm25 if rid not in found.cosine]
-    found.cosine.update(await store.dense_scores(query_vector, embedder, missing))
+    for rid, score in scores.items():
+        found.cosine.setdefault(rid, score)  # a record the dense branch found keeps its own
     asked = set(stems(query))
     for rid in found.bm25:
         if rid not in found.cosine and asked:  # no vector: its words are all there is

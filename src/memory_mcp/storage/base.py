@@ -253,12 +253,21 @@ class Neighbours(Protocol):
         ...
 
     async def nearest_with_scores(
-        self, vector: Vector, embedder: str, filters: Filters, k: int, record_ids: Sequence[str]
+        self,
+        vector: Vector,
+        embedder: str,
+        filters: Filters,
+        k: int,
+        record_ids: Sequence[str],
+        *,
+        probes: int | None = None,
     ) -> tuple[list[Scored], dict[str, float]]:
         """``nearest`` and ``dense_scores`` of ``record_ids`` at once: a new memory's
-        neighbours by vector, and its cosine with those its rarest words found. A
-        clustered scope may be searched in fewer clusters than ``nearest``'s
-        (``NEIGHBOUR_PROBES``)."""
+        neighbours by vector and its cosine with those its rarest words found, or a
+        query's nearest records and its cosine with the lexical branch's. A clustered
+        scope is searched in ``probes`` clusters where the backend's index takes a
+        number per read; unless given, fewer than ``nearest``'s (``IVF_PROBES``): what
+        a write decision needs (``NEIGHBOUR_PROBES``)."""
         ...
 
 

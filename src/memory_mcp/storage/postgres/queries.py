@@ -8,6 +8,7 @@ from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 from memory_mcp.lexical import query_terms, stem
+from memory_mcp.overlap import alongside
 from memory_mcp.records import Record
 from memory_mcp.storage.base import Around, Filters, Scored, Vector
 from memory_mcp.storage.bm25 import (
@@ -159,11 +160,23 @@ class Queries:
         return [Scored(record_of(row), float(row[-1])) for row in rows]
 
     async def nearest_with_scores(
-        self, vector: Vector, embedder: str, filters: Filters, k: int, record_ids: Sequence[str]
+        self,
+        vector: Vector,
+        embedder: str,
+        filters: Filters,
+        k: int,
+        record_ids: Sequence[str],
+        *,
+        probes: int | None = None,
     ) -> tuple[list[Scored], dict[str, float]]:
-        """``nearest``, then ``dense_scores`` of ``record_ids``."""
-        near = await self.nearest(vector, embedder, filters, k)
-        return near, await self.dense_scores(vector, embedder, record_ids)
+        """``nearest`` and ``dense_scores`` of ``record_ids``, on two of the pool's
+        connections at once (one after the other in a transaction); ivfflat's probes
+        are the session's: ``probes`` is not used."""
+        scores, near = await alongside(
+            lambda: self.dense_scores(vector, embedder, record_ids),
+            lambda: self.nearest(vector, embedder, filters, k),
+        )
+        return near, scores
 
     async def dense_scores(
         self, vector: Vector, embedder: str, record_ids: Sequence[str]

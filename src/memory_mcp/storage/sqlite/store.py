@@ -344,9 +344,18 @@ class SqliteStore(VectorTables, UpkeepReads):
         return await self.reads.dense_scores(vector, embedder, record_ids)
 
     async def nearest_with_scores(
-        self, vector: Vector, embedder: str, filters: Filters, k: int, record_ids: Sequence[str]
+        self,
+        vector: Vector,
+        embedder: str,
+        filters: Filters,
+        k: int,
+        record_ids: Sequence[str],
+        *,
+        probes: int | None = None,
     ) -> tuple[list[Scored], dict[str, float]]:
-        return await self.reads.nearest_with_scores(vector, embedder, filters, k, record_ids)
+        return await self.reads.nearest_with_scores(
+            vector, embedder, filters, k, record_ids, probes=probes
+        )
 
     async def in_conversation(
         self, record_ids: Sequence[str], within_seconds: float, embedder: str
