@@ -100,6 +100,18 @@ async def test_the_deferred_passages_are_embedded_once_the_engine_is_quiet(
     assert await memory.engine.store.count_needing_embedding(identity) == 0
 
 
+def test_a_burst_of_stores_keeps_the_model_until_it_pauses() -> None:
+    """Stores that keep coming find the model free: the windows they defer wait for a
+    pause, unless a thousand records wait or the oldest has waited a minute."""
+    from memory_mcp.engine import embed_due_now
+
+    assert not embed_due_now(0.01, 300, 4.0)  # 300 stores in 4 s, no pause
+    assert not embed_due_now(0.2, 999, 59.0)
+    assert embed_due_now(0.25, 1, 0.25)  # a quarter of a second without a call
+    assert embed_due_now(0.0, 1000, 10.0)
+    assert embed_due_now(0.0, 2, 60.0)
+
+
 async def test_a_batch_embeds_every_passage_at_once(
     recorded: tuple[MemoryService, Recording], project: Path
 ) -> None:

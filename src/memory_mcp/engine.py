@@ -51,11 +51,22 @@ EMBED_BATCH = 8
 _AWAITING_TTL_S = 30.0
 # The passages a store defers (``complete_later``) are embedded once the engine has had
 # no store or search for this long, so that they do not hold up the next one; sooner
-# when this many wait, or when the oldest has waited this long.
+# when this many wait, or when the oldest has waited this long. Then they are embedded
+# between stores, each of which may wait for a record's windows: at 64 and 5 s, a burst
+# of 300 stores with no pause at 50,000 memories had p95 61 ms (the last 100: p50 19.5,
+# p95 66.5); with these, 20 ms (10.8 and 17.2), its windows embedded in 4 s after it.
 _QUIET_S = 0.25
-_DUE_MOST = 64
-_DUE_WAIT_S = 5.0
+_DUE_MOST = 1000
+_DUE_WAIT_S = 60.0
 _CLOSE_WAIT_S = 30.0  # a closing engine finishes its deferred embedding for this long
+
+
+def embed_due_now(quiet_s: float, due: int, oldest_s: float) -> bool:
+    """Whether deferred passages are embedded now: ``quiet_s`` after the last store or
+    search, ``due`` records waiting, the oldest for ``oldest_s``."""
+    return quiet_s >= _QUIET_S or due >= _DUE_MOST or oldest_s >= _DUE_WAIT_S
+
+
 # Who the work of this task is for, when a request says (a shared server's caller).
 _acting: ContextVar[str | None] = ContextVar("memory_mcp_acting_user", default=None)
 
@@ -362,7 +373,7 @@ class Engine:
             now = time.monotonic()
             quiet = now - self._active_at
             oldest = min(self._due.values())
-            if quiet < _QUIET_S and len(self._due) < _DUE_MOST and now - oldest < _DUE_WAIT_S:
+            if not embed_due_now(quiet, len(self._due), now - oldest):
                 await asyncio.sleep(_QUIET_S - quiet)
                 continue
             await self._embed_due()
