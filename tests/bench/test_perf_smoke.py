@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -10,7 +12,7 @@ import pytest
 from helpers.storage import open_url, store_place, store_url
 from memory_mcp.bench.perf import generate, kept_fill, run_perf
 from memory_mcp.config import Settings
-from memory_mcp.embedders.base import FakeEmbedder
+from memory_mcp.embedders.base import FakeEmbedder, Matrix
 from memory_mcp.errors import InvalidInput
 
 pytestmark = pytest.mark.anyio
@@ -47,8 +49,12 @@ async def test_a_tiny_perf_run_reports_every_figure() -> None:
     data = report.to_json()["points"][0]
     assert data["embedder"] == "fake:hash-256"
     assert point.embed_one_ms is not None and point.embed_one_ms > 0  # the model alone
+    assert point.embed_query_ms is not None and point.embed_query_ms > 0
+    # a store against the model on what it stored, a search on what it asked
     assert data["store_p50_x"] == round(point.store_p50_ms / point.embed_one_ms, 2)
-    assert data["search_p95_x"] == round(point.search_p95_ms / point.embed_one_ms, 2)
+    assert data["search_p95_x"] == round(point.search_p95_ms / point.embed_query_ms, 2)
+    assert data["store_p50_over_ms"] == round(point.store_p50_ms - point.embed_one_ms, 2)
+    assert data["search_p50_over_ms"] == round(point.search_p50_ms - point.embed_query_ms, 2)
     assert point.deferred_ms is not None and point.deferred_ms >= 0  # the windows, after
     assert point.model_batch_per_s is not None and point.model_batch_per_s > 0
     assert data["import_of_model"] == round(
@@ -60,6 +66,31 @@ async def test_a_tiny_perf_run_reports_every_figure() -> None:
     # which may fold
     assert point.current_records is not None and 39 < point.current_records <= 49
     assert point.dense_recall_at_50 == 1.0  # a scope this small is scored whole
+
+
+class _Recording(FakeEmbedder):
+    """Records the texts of every single-text call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.alone: list[str] = []
+
+    def embed(self, texts: Sequence[str]) -> Matrix:
+        if len(texts) == 1:
+            self.alone.append(texts[0])
+        return super().embed(texts)
+
+
+@pytest.mark.sqlite_only  # bench perf measures the SQLite files it makes
+async def test_the_model_alone_embeds_the_strings_stored_and_asked() -> None:
+    """The floor of a store is its own text (the run's suffix included), that of a
+    search its query: each embedded once in the operation and once alone."""
+    embedder = _Recording()
+    await run_perf([30], Settings(), samples=5, embedder=embedder)
+    stored = [t for t in embedder.alone if t.endswith("[0.9]")]
+    assert len(stored) == 2
+    asked = Counter(t for t in embedder.alone if t.startswith("what port does it listen on"))
+    assert asked and all(n >= 2 for n in asked.values())
 
 
 def test_the_warm_read_reads_the_store_and_its_log_whole(tmp_path: Path) -> None:

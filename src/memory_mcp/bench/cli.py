@@ -367,9 +367,12 @@ def bench_perf(
         "brief+inject",
         "bytes/memory",
         "RSS MB",
-        "model, 1 text",
+        "model, stored",
+        "model, query",
         "store/model",
         "search/model",
+        "store - model",
+        "search - model",
         "deferred/store",
         "model batch/s",
         "import/model",
@@ -391,9 +394,12 @@ def bench_perf(
             f"{point.brief_inject_ms} ms",
             f"{point.bytes_per_memory:,.0f}",
             f"{point.rss_mb:,.0f}",
-            "-" if point.embed_one_ms is None else f"{point.embed_one_ms} ms",
+            _ms(point.embed_one_ms),
+            _ms(point.embed_query_ms),
             _times(point.ratios["store_p50_x"]),
             _times(point.ratios["search_p50_x"]),
+            _over(point.ratios["store_p50_over_ms"]),
+            _over(point.ratios["search_p50_over_ms"]),
             "-" if point.deferred_ms is None else f"{point.deferred_ms} ms",
             "-" if point.model_batch_per_s is None else f"{point.model_batch_per_s:,.0f}",
             _share(point.ratios["import_of_model"]),
@@ -419,12 +425,15 @@ def _print_medians(medians: list[dict[str, Any]]) -> None:
         ("store p95", "store_p95_ms", " ms"),
         ("search p50", "search_p50_ms", " ms"),
         ("search p95", "search_p95_ms", " ms"),
-        ("model, 1 text", "embed_one_ms", " ms"),
+        ("model, stored", "embed_one_ms", " ms"),
+        ("model, query", "embed_query_ms", " ms"),
         ("brief+inject", "brief_inject_ms", " ms"),
         ("RSS MB", "rss_mb", ""),
         ("dense recall@50", "dense_recall_at_50", ""),
         ("store/model", "store_p50_x", "x"),
         ("search/model", "search_p50_x", "x"),
+        ("store - model", "store_p50_over_ms", " ms"),
+        ("search - model", "search_p50_over_ms", " ms"),
     )
 
     def cell(spread: dict[str, float] | None, unit: str) -> str:
@@ -453,6 +462,14 @@ def _print_medians(medians: list[dict[str, Any]]) -> None:
             if after[name] and before[name] and before[name]["median"]
         ]
         out.print(f"{after['memories']:,} against {before['memories']:,}: {', '.join(parts)}")
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value} ms"
+
+
+def _over(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.2f} ms"
 
 
 def _times(ratio: float | None) -> str:
