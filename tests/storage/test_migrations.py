@@ -147,7 +147,9 @@ def test_m010_gives_every_posting_its_records_kind(tmp_path: Path) -> None:
     conn.execute("COMMIT")
     count = conn.execute("SELECT count(*) FROM postings").fetchone()[0]
     assert count > 9
-    assert migrate(conn, db_path=db, connect=connect) == ["m010_postings_kind"]
+    assert migrate(conn, db_path=db, connect=connect, migrations=MIGRATIONS[:10]) == [
+        "m010_postings_kind"
+    ]
     rows = conn.execute(
         "SELECT p.kind, r.kind FROM postings p JOIN records r ON r.seq = p.seq"
     ).fetchall()
@@ -161,6 +163,39 @@ def test_m010_gives_every_posting_its_records_kind(tmp_path: Path) -> None:
     conn.commit()
     kinds = {row[0] for row in conn.execute("SELECT kind FROM postings")}
     assert kinds == {"fact", "gotcha"}
+    assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+
+
+def test_m011_orders_records_live_by_write_order_within_a_creation_time(
+    tmp_path: Path,
+) -> None:
+    """The index of current records is made again with ``seq`` after ``created_at``; the
+    records, and the columns the brief reads from the index, stay."""
+    db = tmp_path / "m.db"
+    conn = connect(str(db))
+    migrate(conn, db_path=db, connect=connect, migrations=MIGRATIONS[:10])
+    for n in range(3):
+        conn.execute(
+            "INSERT INTO records (id, corpus, kind, scope, scope_key, content, content_hash, "
+            "agent, created_at, updated_at) VALUES (?, 'facts', 'fact', 'project', '/repo', "
+            "?, ?, 'cli', 'x', 'x')",
+            [f"f_{n}", f"note {n}", f"h{n}"],
+        )
+    conn.commit()
+    assert migrate(conn, db_path=db, connect=connect) == ["m011_live_by_seq"]
+    columns = [row[2] for row in conn.execute("PRAGMA index_info(records_live)")]
+    assert columns[:5] == ["scope_key", "corpus", "live", "created_at", "seq"]
+    assert {"kind", "importance", "emphasis", "pinned", "id"} <= set(columns)
+    plan = " ".join(
+        str(row[-1])
+        for row in conn.execute(
+            "EXPLAIN QUERY PLAN SELECT seq FROM records WHERE scope_key = '/repo' "
+            "AND corpus = 'facts' AND live = 1 AND created_at <= 'x' "
+            "ORDER BY created_at DESC, seq DESC LIMIT 1"
+        )
+    )
+    assert "records_live" in plan and "TEMP B-TREE" not in plan, plan
+    assert conn.execute("SELECT count(*) FROM records").fetchone() == (3,)
     assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
 
 

@@ -243,6 +243,17 @@ async def test_a_time_bound_keeps_the_full_text_match_as_the_outer_loop(tmp_path
     assert "records_fts" in steps[0], steps
 
 
+async def test_neighbours_in_time_are_index_seeks_without_a_sort(tmp_path: Path) -> None:
+    """Each side's neighbour is the first entry of ``records_live`` past the record,
+    in creation time and write order: no temporary b-tree sorts a look-up's rows."""
+    from memory_mcp.storage.sqlite.sql import neighbours_sql
+
+    steps = await query_plan(tmp_path, neighbours_sql(["a", "b"], True), [60, 60, "a", "b", "m"])
+    seeks = [step for step in steps if step.startswith("SEARCH o")]
+    assert len(seeks) == 2 and all("records_live" in step for step in seeks), steps
+    assert not any("TEMP B-TREE" in step for step in steps), steps
+
+
 async def test_the_exact_repeat_check_looks_the_hash_up_in_its_index(tmp_path: Path) -> None:
     from memory_mcp.storage.sqlite.sql import filters_sql, hash_sql
 

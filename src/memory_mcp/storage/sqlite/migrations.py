@@ -302,6 +302,23 @@ def _m010_postings_kind(conn: sqlite3.Connection) -> None:
     conn.execute("DROP TABLE postings_before_kind")
 
 
+def _m011_live_by_seq(conn: sqlite3.Connection) -> None:
+    """``records_live`` orders each scope's records of one creation time by write order
+    (``seq`` after ``created_at``), as a search's neighbours in time are ordered
+    (``Queries.in_conversation``).
+
+    Ordered by ``kind`` there, the index left each neighbour's look-up a sort of the
+    rows of its record's creation time (a temporary b-tree per look-up): 1.25 ms of
+    a search's 120 candidates at 200,000 memories, 0.92 ms with ``seq`` in place.
+    Every other column stays, so the brief still ranks from the index alone.
+    """
+    conn.execute("DROP INDEX records_live")
+    conn.execute(
+        "CREATE INDEX records_live ON records (scope_key, corpus, live, created_at, seq, kind, "
+        "importance, emphasis, pinned, fold_count, access_count, id)"
+    )
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration("m001_records", _script(M001_RECORDS)),
     Migration("m002_emphasis", _m002_emphasis),
@@ -313,6 +330,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration("m008_postings", _m008_postings),
     Migration("m009_worth", _m009_worth),
     Migration("m010_postings_kind", _m010_postings_kind),
+    Migration("m011_live_by_seq", _m011_live_by_seq),
 )
 
 

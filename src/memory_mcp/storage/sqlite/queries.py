@@ -24,6 +24,7 @@ from memory_mcp.storage.sqlite.sql import (
     filters_sql,
     hash_sql,
     marks,
+    neighbours_sql,
     passing_sql,
     record_of,
     slots_sql,
@@ -463,24 +464,9 @@ class Queries:
         table = await self._store._vector_table(self._conn, embedder)
         if table is None or not record_ids:
             return {}
-        side = (
-            "(SELECT CASE WHEN abs(julianday(o.created_at) - julianday(c.created_at)) "
-            "* 86400.0 <= ? THEN o.seq || ':' || o.id END FROM records o "
-            "WHERE o.scope_key = c.scope_key AND o.corpus = c.corpus AND o.live = 1 "
-            "AND o.created_at {cmp}= c.created_at "
-            "AND (o.created_at {cmp} c.created_at OR o.seq {cmp} c.seq) "
-            "ORDER BY o.created_at {order}, o.seq {order} LIMIT 1)"
-        )
-        near = [within_seconds] if within_seconds > 0 else []
-        sides = (
-            f", {side.format(cmp='<', order='DESC')}, {side.format(cmp='>', order='ASC')}"
-            if within_seconds > 0
-            else ""
-        )
+        near = [within_seconds] * 2 if within_seconds > 0 else []
         rows = await self.fetch(
-            f"SELECT c.id, c.seq{sides} FROM records c "
-            f"WHERE c.id IN ({marks(record_ids)}) AND +c.embedder = ? AND c.vec_rows > 0",
-            [*near, *near, *record_ids, embedder],
+            neighbours_sql(record_ids, bool(near)), [*near, *record_ids, embedder]
         )
         if not rows:
             return {}
