@@ -88,9 +88,11 @@ async def candidates(
     plan: SearchPlan,
     *,
     lexical: Sequence[Scored] | None = None,
+    ahead: object | None = None,
 ) -> Candidates:
     """The best ``plan.candidates`` records of each branch, each scored by both branches
-    (``lexical``: the lexical branch's, if read already)."""
+    (``lexical``: the lexical branch's, if read already; ``ahead``: the dense branch's
+    ranking, if made already: ``Store.rank_ahead`` with ``IVF_PROBES``)."""
     found = Candidates()
     if lexical is None:
         lexical = await store.lexical(query, filters, plan.candidates)
@@ -101,7 +103,13 @@ async def candidates(
         return found
     # The lexical candidates' cosines in the same read: one trip to the store for both.
     near, scores = await store.nearest_with_scores(
-        query_vector, embedder, filters, plan.candidates, list(found.bm25), probes=IVF_PROBES
+        query_vector,
+        embedder,
+        filters,
+        plan.candidates,
+        list(found.bm25),
+        probes=IVF_PROBES,
+        ahead=ahead,
     )
     for item in near:
         found.records[item.record.id] = item.record

@@ -31,7 +31,7 @@ from memory_mcp.records import (
     utcnow,
 )
 from memory_mcp.storage import Filters, Store, bm25, open_store
-from memory_mcp.storage.base import TaskState
+from memory_mcp.storage.base import IVF_PROBES, TaskState
 
 pytestmark = pytest.mark.anyio
 
@@ -568,3 +568,8 @@ async def test_nearest_with_scores_is_nearest_and_dense_scores(store: Store) -> 
     assert [s.record.id for s in in_tx] == [s.record.id for s in apart]
     assert tx_scores.keys() == scores.keys()
     assert await store.nearest_with_scores(query, embedder, FACTS, 4, []) == (near, {})
+    # ranked ahead (a search ranking while its lexical branch reads), the same answer
+    ahead = await store.rank_ahead(query, embedder, FACTS, IVF_PROBES)
+    assert await store.nearest_with_scores(
+        query, embedder, FACTS, 4, asked, probes=IVF_PROBES, ahead=ahead
+    ) == await store.nearest_with_scores(query, embedder, FACTS, 4, asked, probes=IVF_PROBES)

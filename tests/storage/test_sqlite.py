@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -563,6 +564,75 @@ async def test_a_new_memorys_neighbours_come_from_fewer_clusters_than_a_search(
         assert scored == [sizes[nearest_first[:12]].sum(), sizes[nearest_first[:3]].sum()]
         assert [h.record.id for h in near] == [h.record.id for h in searched]
         assert rows[7].id == near[0].record.id and set(scores) == {rows[8].id}
+    finally:
+        await store.close()
+
+
+async def test_a_ranking_made_ahead_stands_for_the_read_until_a_vector_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``rank_ahead`` ranks the probed clusters' rows before the read; the read takes that
+    ranking (no ranking of its own) when it asks the same and nothing was written
+    since, and ranks again otherwise: a memory written in between is found."""
+    monkeypatch.setattr(dense, "PROBE_ROWS", 1)
+    vectors = _around_centres(480, 12, seed=5)
+    rows = [fact(f"fact {i}", embedder="m") for i in range(480)]
+    store = await SqliteStore.open(tmp_path / "m.db")
+    try:
+        await _clustered(store, rows, vectors, monkeypatch)
+        ranked: list[int] = []
+        rank = dense.DenseIndex.rank
+
+        def counted(self: dense.DenseIndex, *args: Any, **kwargs: Any) -> dense.Ranking:
+            ranked.append(1)
+            return rank(self, *args, **kwargs)
+
+        monkeypatch.setattr(dense.DenseIndex, "rank", counted)
+        query = (vectors[3] + 0.1 * vectors[4]).astype(np.float32)
+        query /= np.linalg.norm(query)
+        plain = await store.nearest_with_scores(query, "m", FILTERS, 5, [rows[9].id], probes=4)
+        assert len(ranked) == 1 and plain[0][0].record.id == rows[3].id
+
+        ahead = await store.rank_ahead(query, "m", FILTERS, 4)
+        assert ahead is not None and len(ranked) == 2
+        taken = await store.nearest_with_scores(
+            query, "m", FILTERS, 5, [rows[9].id], probes=4, ahead=ahead
+        )
+        assert len(ranked) == 2  # the read ranked nothing itself
+        assert [(h.record.id, h.score) for h in taken[0]] == [
+            (h.record.id, h.score) for h in plain[0]
+        ]
+        assert taken[1] == plain[1]
+
+        # asked otherwise (more clusters, another kind): ranked again
+        await store.nearest_with_scores(query, "m", FILTERS, 5, [], probes=6, ahead=ahead)
+        other = Filters(scope_keys=("/repo",), corpora=("facts",), kinds=("fact",))
+        await store.nearest_with_scores(query, "m", other, 5, [], probes=4, ahead=ahead)
+        assert len(ranked) == 4
+
+        ahead = await store.rank_ahead(query, "m", FILTERS, 4)
+        closer = fact("the nearest of all", embedder="m")
+        async with store.write() as tx:
+            await tx.insert(closer, query[None, :])
+        found = await store.nearest_with_scores(query, "m", FILTERS, 5, [], probes=4, ahead=ahead)
+        assert found[0][0].record.id == closer.id
+    finally:
+        await store.close()
+
+
+async def test_no_ranking_ahead_without_a_copy_of_the_scopes(tmp_path: Path) -> None:
+    """A scope the copy does not hold yet (or a table not known yet) is not ranked ahead:
+    the read loads and ranks it as before."""
+    store = await SqliteStore.open(tmp_path / "m.db")
+    try:
+        assert await store.rank_ahead(unit(1, 0, 0), "m", FILTERS, 4) is None
+        async with store.write() as tx:
+            await tx.insert(fact("a fact", embedder="m"), unit(1, 0, 0)[None, :])
+        assert await store.rank_ahead(unit(1, 0, 0), "m", FILTERS, 4) is None
+        assert await store.nearest(unit(1, 0, 0), "m", FILTERS, 1)  # loads the scope
+        assert await store.rank_ahead(unit(1, 0, 0), "m", FILTERS, 4) is not None
+        elsewhere = Filters(scope_keys=("/other",), corpora=("facts",))
+        assert await store.rank_ahead(unit(1, 0, 0), "m", elsewhere, 4) is None
     finally:
         await store.close()
 

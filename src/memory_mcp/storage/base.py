@@ -261,13 +261,16 @@ class Neighbours(Protocol):
         record_ids: Sequence[str],
         *,
         probes: int | None = None,
+        ahead: object | None = None,
     ) -> tuple[list[Scored], dict[str, float]]:
         """``nearest`` and ``dense_scores`` of ``record_ids`` at once: a new memory's
         neighbours by vector and its cosine with those its rarest words found, or a
         query's nearest records and its cosine with the lexical branch's. A clustered
         scope is searched in ``probes`` clusters where the backend's index takes a
         number per read; unless given, fewer than ``nearest``'s (``IVF_PROBES``): what
-        a write decision needs (``NEIGHBOUR_PROBES``)."""
+        a write decision needs (``NEIGHBOUR_PROBES``). ``ahead``: what ``rank_ahead``
+        returned for the same vector, filters and probes, used if nothing was written
+        since."""
         ...
 
 
@@ -278,6 +281,15 @@ class SearchBranches(Neighbours, Protocol):
         self, record_ids: Sequence[str], within_seconds: float, embedder: str
     ) -> dict[str, Around]:
         """Each record's whole-text vector, with its neighbours in time."""
+        ...
+
+    async def rank_ahead(
+        self, vector: Vector, embedder: str, filters: Filters, probes: int
+    ) -> object | None:
+        """Rank the vectors ``nearest_with_scores`` would read for ``filters`` now, off
+        the connection that the lexical branch is reading on, for that call to take
+        (``ahead``); None: the backend ranks inside its reads, there is nothing to do
+        ahead of them."""
         ...
 
     async def vectors_of(self, record_id: str, embedder: str) -> Vector | None:

@@ -168,10 +168,12 @@ class Queries:
         record_ids: Sequence[str],
         *,
         probes: int | None = None,
+        ahead: object | None = None,
     ) -> tuple[list[Scored], dict[str, float]]:
         """``nearest`` and ``dense_scores`` of ``record_ids``, on two of the pool's
         connections at once (one after the other in a transaction); ivfflat's probes
-        are the session's: ``probes`` is not used."""
+        are the session's: ``probes`` is not used, nor ``ahead`` (``rank_ahead``: the
+        server ranks inside its query)."""
         scores, near = await alongside(
             lambda: self.dense_scores(vector, embedder, record_ids),
             lambda: self.nearest(vector, embedder, filters, k),
@@ -246,6 +248,12 @@ class Queries:
             }
             result[str(record_id)] = Around(vector_of[record_id], neighbours)
         return result
+
+    async def rank_ahead(
+        self, vector: Vector, embedder: str, filters: Filters, probes: int
+    ) -> object | None:
+        """None: pgvector ranks inside the query (``nearest_with_scores``)."""
+        return None
 
     async def vectors_of(self, record_id: str, embedder: str) -> Vector | None:
         """A current record's passage vectors from ``embedder`` (whole text first)."""

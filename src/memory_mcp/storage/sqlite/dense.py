@@ -46,6 +46,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -643,6 +644,24 @@ def _units(rows: npt.NDArray[np.int8] | Vector) -> Vector:
     return out
 
 
+Ranking = tuple[npt.NDArray[np.int64], Vector, bool]
+"""``DenseIndex.rank``'s answer: rowids, their cosines, and whether every row was scored."""
+
+
+@dataclass(frozen=True)
+class Ahead:
+    """A ranking made before the read that takes it (``DenseIndex.rank_ahead``): a
+    search ranks its clusters' rows while its lexical branch still holds the reader's
+    thread. It stands for that read if the copy has applied no change since and the
+    read asks the same (``DenseIndex.taken``)."""
+
+    position: int  # the copy's when it ranked
+    vector: Vector
+    asked: tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]  # scopes, corpora, kinds
+    probes: int
+    ranking: Ranking
+
+
 class DenseIndex:
     """The loaded scopes of one vec0 table (one embedder)."""
 
@@ -961,6 +980,37 @@ class DenseIndex:
         if not all_ids:
             return np.zeros(0, np.int64), np.zeros(0, np.float32), True
         return np.concatenate(all_ids), np.concatenate(all_sims), every
+
+    def rank_ahead(
+        self,
+        query: Vector,
+        scope_keys: Collection[str],
+        corpora: Collection[str],
+        kinds: Collection[str],
+        probes: int,
+    ) -> Ahead:
+        """``rank`` of the clusters nearest ``query``, kept for a read to come (hold
+        ``lock``: no change can land meanwhile)."""
+        asked = (tuple(scope_keys), tuple(corpora), tuple(kinds))
+        ranking = self.rank(query, *asked, exact=False, probes=probes)
+        return Ahead(self.position, query, asked, probes, ranking)
+
+    def taken(
+        self,
+        ahead: Ahead | None,
+        query: Vector,
+        scope_keys: Collection[str],
+        corpora: Collection[str],
+        kinds: Collection[str],
+        probes: int,
+    ) -> Ranking | None:
+        """``ahead``'s ranking if it is what ``rank`` would answer now: the same question,
+        and no change applied since (on the thread that checked ``current``)."""
+        if ahead is None or ahead.position != self.position or ahead.probes != probes:
+            return None
+        if ahead.asked != (tuple(scope_keys), tuple(corpora), tuple(kinds)):
+            return None
+        return ahead.ranking if np.array_equal(ahead.vector, query) else None
 
     def _allowed(self, names: Collection[str]) -> npt.NDArray[np.bool_]:
         """A lookup table: which corpus or kind codes are among ``names``."""

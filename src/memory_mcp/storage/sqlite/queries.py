@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-    from memory_mcp.storage.sqlite.dense import DenseIndex
+    from memory_mcp.storage.sqlite.dense import Ahead, DenseIndex
     from memory_mcp.storage.sqlite.store import SqliteStore
 
 log = logging.getLogger(__name__)
@@ -94,14 +94,19 @@ def nearest_rows(
     filters: Filters,
     k: int,
     probes: int | None = None,
+    ahead: Ahead | None = None,
 ) -> list[tuple[Any, float]]:
     """``Queries.nearest`` on a current copy, on the reader's thread: the rows of the ``k``
-    best records, from the ``probes`` nearest clusters (``IVF_PROBES``), then every row
-    if too few of those pass."""
+    best records, from the ``probes`` nearest clusters (``IVF_PROBES``; ranked already
+    if ``ahead`` holds that ranking still), then every row if too few of those pass."""
     where, params = filters_sql(filters)
+    asked = (filters.scope_keys, filters.corpora, filters.kinds)
     rows: list[tuple[Any, float]] = []
     for every_row in (False, True):
-        rowids, sims, every = index.rank(
+        taken = None
+        if not every_row and probes is not None:
+            taken = index.taken(ahead, vector, *asked, probes)
+        rowids, sims, every = taken or index.rank(
             vector,
             filters.scope_keys,
             filters.corpora,
@@ -396,12 +401,17 @@ class Queries:
         record_ids: Sequence[str],
         *,
         probes: int | None = None,
+        ahead: object | None = None,
     ) -> tuple[list[Scored], dict[str, float]]:
         """``nearest`` and ``dense_scores`` of ``record_ids``: on a current copy, one trip
         to the reader's thread for both, in the ``probes`` clusters nearest
-        (``NEIGHBOUR_PROBES`` unless given)."""
+        (``NEIGHBOUR_PROBES`` unless given), ranked already if ``ahead`` (from
+        ``SqliteStore.rank_ahead``) still holds."""
         table = await self._store._vector_table(self._conn, embedder)
         if table is not None and filters.scope_keys and self._reads_committed():
+            from memory_mcp.storage.sqlite.dense import Ahead
+
+            ranked = ahead if isinstance(ahead, Ahead) else None
 
             def both(
                 conn: sqlite3.Connection, index: DenseIndex
@@ -409,7 +419,9 @@ class Queries:
                 scores = cosines_by_id(conn, index, vector, embedder, record_ids)
                 if scores is None:
                     return None
-                near = nearest_rows(conn, index, vector, filters, k, probes or NEIGHBOUR_PROBES)
+                near = nearest_rows(
+                    conn, index, vector, filters, k, probes or NEIGHBOUR_PROBES, ranked
+                )
                 return near, scores
 
             found = await self._store._on_copy(table, filters.scope_keys, both)

@@ -352,9 +352,10 @@ class SqliteStore(VectorTables, UpkeepReads):
         record_ids: Sequence[str],
         *,
         probes: int | None = None,
+        ahead: object | None = None,
     ) -> tuple[list[Scored], dict[str, float]]:
         return await self.reads.nearest_with_scores(
-            vector, embedder, filters, k, record_ids, probes=probes
+            vector, embedder, filters, k, record_ids, probes=probes, ahead=ahead
         )
 
     async def in_conversation(
