@@ -106,14 +106,7 @@ def nearest_rows(
         taken = None
         if not every_row and probes is not None:
             taken = index.taken(ahead, vector, *asked, probes)
-        rowids, sims, every = taken or index.rank(
-            vector,
-            filters.scope_keys,
-            filters.corpora,
-            filters.kinds,
-            exact=every_row,
-            probes=probes,
-        )
+        rowids, sims, every = taken or index.rank(vector, *asked, exact=every_row, probes=probes)
         rows = best_rows(conn, rowids, sims, where, params, k)
         if len(rows) >= k or every:
             break

@@ -324,14 +324,12 @@ class VectorTables:
         Only from a copy that holds these scopes already and a table known already: the
         reader's thread is busy, and a ranking that must wait for it gains nothing.
         None: no such copy (the read ranks as before)."""
-        table = None if self._copy_off else self._tables.get(embedder)
-        index = None if table is None else self._copies.get(table)
-        if index is None or not filters.scope_keys or not index.holds(filters.scope_keys):
+        table = self._tables.get(embedder)
+        if table is None or not filters.scope_keys:
             return None
-        async with index.lock:
-            if not index.holds(filters.scope_keys):  # a reload dropped them meanwhile
+        async with self._held_copy(table, filters.scope_keys) as index:
+            if index is None:
                 return None
-            index.keep_clustered(filters.scope_keys)
             return await anyio.to_thread.run_sync(
                 index.rank_ahead,
                 vector,
@@ -385,23 +383,38 @@ class VectorTables:
         Raises:
             StorageError: the database could not be read.
         """
-        index = None if self._copy_off else self._copies.get(table)
-        if index is None or not index.holds(scope_keys):
-            return None
-        async with index.lock:
-            index.keep_clustered(scope_keys)
+        async with self._held_copy(table, scope_keys) as index:
+            if index is None:
+                return None
+            held = index
 
             def run(conn: sqlite3.Connection) -> R | None:
-                # held again under the lock: a reload for another scope (a copy far
-                # behind) may have dropped these while this waited for it
-                if not (index.holds(scope_keys) and index.current(conn)):
-                    return None
-                return routine(conn, index)
+                return routine(conn, held) if held.current(conn) else None
 
             try:
                 return await on_thread(self._reader, run)
             except OPERATIONAL_ERRORS as exc:
                 raise storage_error(exc) from exc
+
+    @asynccontextmanager
+    async def _held_copy(
+        self, table: str, scope_keys: Collection[str]
+    ) -> AsyncIterator[DenseIndex | None]:
+        """The in-memory copy of ``table``, locked, with the clusterings of these scopes
+        that finished installed, if it holds them already (not brought up to date:
+        ``_ready_copy`` does that); None: copies are off, or it does not hold them.
+        They are asked again under the lock: a reload for another scope (a copy far
+        behind) may have dropped them while this waited for it."""
+        index = None if self._copy_off else self._copies.get(table)
+        if index is None or not index.holds(scope_keys):
+            yield None
+            return
+        async with index.lock:
+            if not index.holds(scope_keys):
+                yield None
+                return
+            index.keep_clustered(scope_keys)
+            yield index
 
     def _apply_written(self, journal: Journal) -> None:
         """Give this process's copies what a committed transaction wrote and deleted
