@@ -40,11 +40,13 @@ async def test_a_tiny_perf_run_reports_every_figure() -> None:
         point.store_p95_ms,
         point.search_p50_ms,
         point.search_p95_ms,
+        point.search_after_store_p50_ms,
+        point.search_after_store_p95_ms,
         point.brief_inject_ms,
         point.bytes_per_memory,
         point.rss_mb,
     ):
-        assert value > 0
+        assert value is not None and value > 0
     assert point.store_p95_ms >= point.store_p50_ms
     data = report.to_json()["points"][0]
     assert data["embedder"] == "fake:hash-256"
@@ -55,6 +57,10 @@ async def test_a_tiny_perf_run_reports_every_figure() -> None:
     assert data["search_p95_x"] == round(point.search_p95_ms / point.embed_query_ms, 2)
     assert data["store_p50_over_ms"] == round(point.store_p50_ms - point.embed_one_ms, 2)
     assert data["search_p50_over_ms"] == round(point.search_p50_ms - point.embed_query_ms, 2)
+    assert point.search_after_store_p50_ms is not None
+    assert data["search_after_store_p50_over_ms"] == round(
+        point.search_after_store_p50_ms - point.embed_query_ms, 2
+    )
     assert point.deferred_ms is not None and point.deferred_ms >= 0  # the windows, after
     assert point.model_batch_per_s is not None and point.model_batch_per_s > 0
     assert data["import_of_model"] == round(
@@ -62,9 +68,9 @@ async def test_a_tiny_perf_run_reports_every_figure() -> None:
     )
     assert point.index_wait_s is not None and point.index_wait_s >= 0
     assert point.warm_read_s is not None and point.warm_read_s >= 0
-    # 30 imported, 3 for each of three other projects, 10 stores (5 of them warm-up),
-    # which may fold
-    assert point.current_records is not None and 39 < point.current_records <= 49
+    # 30 imported, 3 for each of three other projects, 10 stores (5 of them warm-up)
+    # and 10 more before the searches after a store, which may fold
+    assert point.current_records is not None and 39 < point.current_records <= 59
     assert point.dense_recall_at_50 == 1.0  # a scope this small is scored whole
 
 
@@ -173,7 +179,8 @@ async def test_a_kept_store_is_measured_again_without_refilling(tmp_path: Path) 
     assert two.import_per_s == one.import_per_s  # the figures of the run that filled it
     assert json.loads((tmp_path / "30" / "fill.json").read_text())["runs"] == 2
     stats = await _stats(tmp_path / "30" / "memory.db")
-    assert stats == 30 + 3 * 3 + 2 * (5 + 5)  # nothing imported twice; each run's stores
+    # nothing imported twice; each run's stores, timed and before the searches after one
+    assert stats == 30 + 3 * 3 + 2 * 2 * (5 + 5)
 
 
 async def _stats(database: Path) -> int:
@@ -216,7 +223,7 @@ async def test_a_fill_stopped_while_embedding_resumes(tmp_path: Path) -> None:
     (point,) = report.points
     assert point.run_on_store == 1 and point.import_embedded_per_s > 0
     assert json.loads((tmp_path / "200" / "fill.json").read_text())["done"]
-    assert await _stats(tmp_path / "200" / "memory.db") == 200 + 3 * 20 + 5 + 5
+    assert await _stats(tmp_path / "200" / "memory.db") == 200 + 3 * 20 + 2 * (5 + 5)
 
 
 async def test_a_fill_stopped_while_writing_cannot_resume(tmp_path: Path, storage_url: str) -> None:

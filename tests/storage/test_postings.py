@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,8 @@ from memory_mcp.storage.base import Filters
 from memory_mcp.storage.bm25 import FIRST_DEPTH
 from memory_mcp.storage.sqlite import SqliteStore, postings
 from memory_mcp.storage.sqlite.doctor import diagnose
-from memory_mcp.storage.sqlite.sql import filters_sql, fts_query, lexical_sql, record_of
+from memory_mcp.storage.sqlite.driver import on_thread
+from memory_mcp.storage.sqlite.sql import filters_sql, fts_query, lexical_sql, marks, record_of
 
 pytestmark = [pytest.mark.anyio, pytest.mark.sqlite_only]
 
@@ -228,3 +230,172 @@ async def test_a_short_round_reads_as_much_deeper_as_its_shortfall_asks(
     seen.clear()
     assert len(await bm25.deepening(awaited, 60, deepest)) == found[max(found)]
     assert seen == list(found)
+
+
+async def _counts(store: SqliteStore, stems: set[str]) -> tuple[dict[str, int], list[str]]:
+    """The store's fresh word counts (as a search reads them), and the statements the
+    reader ran for them."""
+    ran: list[str] = []
+
+    def read(conn: sqlite3.Connection) -> dict[str, int]:
+        conn.set_trace_callback(ran.append)
+        try:
+            return store._word_counts.read(conn, stems, True)
+        finally:
+            conn.set_trace_callback(None)
+
+    return await on_thread(store.reads._conn, read), ran
+
+
+def _fts5(store: SqliteStore, stems: set[str]) -> dict[str, int]:
+    """FTS5's own counts, on a connection of their own (from the store's SQLite library:
+    another copy's locks in this process would be the store's)."""
+    conn = store.driver.connect(str(store.path), busy_timeout_ms=5000)
+    try:
+        conn.execute("CREATE VIRTUAL TABLE temp.v USING fts5vocab(main, records_fts, row)")
+        rows = conn.execute(
+            f"SELECT term, doc FROM temp.v WHERE term IN ({marks(stems)})", [*stems]
+        )
+        return {str(t): int(n) for t, n in rows}
+    finally:
+        conn.close()
+
+
+COUNTED = {"deploy", "build", "cach", "queue", "bill", "test", "port", "worker", "retri", "zebra"}
+COUNTED |= {"café", "naïv", "tuesdai", "ops", "rare", "u00e9t"}
+
+
+async def test_word_counts_follow_this_process_writes_without_counting_again(
+    tmp_path: Path,
+) -> None:
+    """A search after a store counts none of its words again: the counts kept are brought
+    up to date from the texts the store's own writes changed, and stay FTS5's."""
+    store = await SqliteStore.open(tmp_path / "m.db")
+    rng = random.Random(7)
+    try:
+        records = []
+        async with store.write() as tx:
+            for n in range(30):
+                words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 6)))
+                records.append(fact(f"{words} café naïve {n}", tags=["ops"] if n % 4 else []))
+                await tx.insert(records[-1], None)
+        held, ran = await _counts(store, COUNTED)
+        assert held == _fts5(store, COUNTED)
+        assert any("records_vocab" in s for s in ran)
+        now = format_time(utcnow())
+        writes = [
+            (
+                "insert",
+                lambda tx: tx.insert(fact("zebra deploys on Tuesdays", tags=["rare"]), None),
+            ),
+            (
+                "content",
+                lambda tx: tx.execute(
+                    "UPDATE records SET content = 'zebra zebra billing' WHERE id = ?",
+                    [records[0].id],
+                ),
+            ),
+            (
+                "merged text",
+                lambda tx: tx.execute(
+                    "UPDATE records SET merged_text = 'Deploys retried; the queue drains' "
+                    "WHERE id = ?",
+                    [records[1].id],
+                ),
+            ),
+            (
+                "tags, escaped",
+                lambda tx: tx.execute(
+                    "UPDATE records SET tags = ? WHERE id = ?",
+                    [json.dumps(["été", "rare"]), records[2].id],
+                ),
+            ),
+            (
+                "the same text again",
+                lambda tx: tx.execute(
+                    "UPDATE records SET content = content WHERE id = ?", [records[3].id]
+                ),
+            ),
+            ("archived (FTS5 keeps it)", lambda tx: tx.archive(records[4].id, "old", now)),
+            ("deleted", lambda tx: tx.execute("DELETE FROM records WHERE id = ?", [records[5].id])),
+        ]
+        for name, write in writes:
+            async with store.write() as tx:
+                await write(tx)
+            held, ran = await _counts(store, COUNTED)
+            assert held == _fts5(store, COUNTED), name
+            assert not any("records_vocab" in s for s in ran), name
+
+        async def rolled_back() -> None:
+            async with store.write() as tx:
+                await tx.insert(fact("zebra zebra"), None)
+                raise RuntimeError("no")
+
+        with pytest.raises(RuntimeError):  # rolled back: nothing to count
+            await rolled_back()
+        held, ran = await _counts(store, COUNTED)
+        assert held == _fts5(store, COUNTED)
+        assert not any("records_vocab" in s for s in ran)
+    finally:
+        await store.close()
+
+
+async def test_word_counts_are_counted_again_after_another_programs_write(
+    tmp_path: Path,
+) -> None:
+    """Another program's write, or a write of many records, and every count is read again
+    (from FTS5: exact)."""
+    store = await SqliteStore.open(tmp_path / "m.db")
+    try:
+        async with store.write() as tx:
+            for n in range(5):
+                await tx.insert(fact(f"deploy worker {n}"), None)
+        await _counts(store, COUNTED)
+        conn = store.driver.connect(str(tmp_path / "m.db"), busy_timeout_ms=5000)
+        conn.execute("UPDATE records SET content = 'zebra cache' WHERE content = 'deploy worker 0'")
+        conn.commit()
+        conn.close()
+        async with store.write() as tx:  # this one's own change follows the other's
+            await tx.insert(fact("deploy zebra"), None)
+        held, ran = await _counts(store, COUNTED)
+        assert held == _fts5(store, COUNTED)
+        assert any("records_vocab" in s for s in ran)
+        async with store.write() as tx:
+            for n in range(40):
+                await tx.insert(fact(f"build queue {n}"), None)
+        held, ran = await _counts(store, COUNTED)
+        assert held == _fts5(store, COUNTED)
+        assert any("records_vocab" in s for s in ran)
+    finally:
+        await store.close()
+
+
+async def test_word_counts_read_while_a_write_lands_are_counted_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Counts read while FTS5's structure changed under them are not kept to be brought
+    up to date (they may hold the write already): the next time they are needed, they
+    are counted again."""
+    store = await SqliteStore.open(tmp_path / "m.db")
+    try:
+        async with store.write() as tx:
+            await tx.insert(fact("deploy worker"), None)
+        real = postings.fts_structure
+        calls: list[bytes] = []
+
+        def moving(conn: sqlite3.Connection) -> bytes:
+            calls.append(real(conn))
+            return calls[-1] if len(calls) == 1 else b"moved on"
+
+        monkeypatch.setattr(postings, "fts_structure", moving)
+        held, ran = await _counts(store, {"worker"})
+        assert held == {"worker": 1} and any("records_vocab" in s for s in ran)
+        monkeypatch.setattr(postings, "fts_structure", real)
+        store._word_counts._cache.forget()  # as when the structure has moved on since
+        held, ran = await _counts(store, {"worker"})
+        assert held == {"worker": 1} and any("records_vocab" in s for s in ran)
+        store._word_counts._cache.forget()
+        held, ran = await _counts(store, {"worker"})  # kept this time
+        assert held == {"worker": 1} and not any("records_vocab" in s for s in ran)
+    finally:
+        await store.close()

@@ -373,6 +373,7 @@ def bench_perf(
         "search/model",
         "store - model",
         "search - model",
+        "search after store",
         "deferred/store",
         "model batch/s",
         "import/model",
@@ -400,6 +401,11 @@ def bench_perf(
             _times(point.ratios["search_p50_x"]),
             _over(point.ratios["store_p50_over_ms"]),
             _over(point.ratios["search_p50_over_ms"]),
+            _after_store(
+                point.search_after_store_p50_ms,
+                point.search_after_store_p95_ms,
+                point.ratios["search_after_store_p50_over_ms"],
+            ),
             "-" if point.deferred_ms is None else f"{point.deferred_ms} ms",
             "-" if point.model_batch_per_s is None else f"{point.model_batch_per_s:,.0f}",
             _share(point.ratios["import_of_model"]),
@@ -434,6 +440,8 @@ def _print_medians(medians: list[dict[str, Any]]) -> None:
         ("search/model", "search_p50_x", "x"),
         ("store - model", "store_p50_over_ms", " ms"),
         ("search - model", "search_p50_over_ms", " ms"),
+        ("after store", "search_after_store_p50_ms", " ms"),
+        ("after store - model", "search_after_store_p50_over_ms", " ms"),
     )
 
     def cell(spread: dict[str, float] | None, unit: str) -> str:
@@ -462,6 +470,11 @@ def _print_medians(medians: list[dict[str, Any]]) -> None:
             if after[name] and before[name] and before[name]["median"]
         ]
         out.print(f"{after['memories']:,} against {before['memories']:,}: {', '.join(parts)}")
+
+
+def _after_store(p50: float | None, p95: float | None, over: float | None) -> str:
+    """A search right after a store: p50 / p95, and p50 over the query's model time."""
+    return "-" if p50 is None else f"{p50} / {p95} ms ({_over(over)})"
 
 
 def _ms(value: float | None) -> str:

@@ -13,7 +13,9 @@ For each size N, in a fresh store:
    the time the embedding they deferred takes (the long ones' sentence windows,
    done after the answer), per store;
 4. ``search`` latency: hybrid searches with the filters agents use (kinds,
-   tags, a time bound), after a warm-up;
+   tags, a time bound), after a warm-up; then the same searches each right after
+   a store (an agent's session mixes them: a store changes the words' record
+   counts that BM25 weighs a search's words by);
 5. the model alone: one text at a time, the strings the stores wrote (the
    floor of a store) and the queries the searches asked (the floor of a
    search; a query is shorter than a memory and embeds in about half the
@@ -246,6 +248,9 @@ class PerfPoint:
     # asked (the floor of a search), so that the latencies compare across machines.
     embed_one_ms: float | None = None
     embed_query_ms: float | None = None
+    # The searches timed again, each right after a store (not timed) of another memory.
+    search_after_store_p50_ms: float | None = None
+    search_after_store_p95_ms: float | None = None
     # The embedding the timed stores deferred until after their answers, per store.
     deferred_ms: float | None = None
     # Memories a second the model embeds in one batched pass over the passages of
@@ -282,6 +287,11 @@ class PerfPoint:
                 out[f"{op}_{p}_x"] = round(value / unit, 2) if unit else None
             p50 = getattr(self, f"{op}_p50_ms")
             out[f"{op}_p50_over_ms"] = round(p50 - unit, 2) if unit else None
+        after = self.search_after_store_p50_ms
+        query = self.embed_query_ms
+        out["search_after_store_p50_over_ms"] = (
+            round(after - query, 2) if after is not None and query else None
+        )
         batch = self.model_batch_per_s
         out["import_of_model"] = round(self.import_embedded_per_s / batch, 3) if batch else None
         return out
@@ -304,6 +314,8 @@ SPREAD_FIGURES = (
     "search_p95_x",
     "store_p50_over_ms",
     "search_p50_over_ms",
+    "search_after_store_p50_ms",
+    "search_after_store_p50_over_ms",
 )
 
 
@@ -498,9 +510,9 @@ async def measure(
     say = progress or _silent
     count = filled.memories
     if filled.runs == 0:  # the memories that follow the imported ones
-        fresh = generate(count + samples * 3, seed=count)[count:]
+        fresh = generate(count + (samples + 5) * 2, seed=count)[count:]
     else:  # others than earlier runs stored, lest they fold as exact repeats
-        fresh = generate(samples + 5, seed=count + 104_729 * filled.runs)
+        fresh = generate((samples + 5) * 2, seed=count + 104_729 * filled.runs)
     index_wait_s = await _settle_index(memory, root)
     warm_read_s = None
     if database is not None:
@@ -553,6 +565,25 @@ async def measure(
         if n >= 5:
             search_ms.append((time.perf_counter() - started) * 1000)
 
+    say(f"{count:,}: search after a store", 0, 1)
+    after_store_ms: list[float] = []
+    for n, (kind, text, tags) in enumerate(fresh[samples + 5 : (samples + 5) * 2]):
+        await memory.store(f"{text} [{filled.runs}.after.{n}]", kind=kind, cwd=root, tags=tags)
+        _, kinds, tag_filter, since = queries[n % len(queries)]
+        started = time.perf_counter()
+        await memory.search(
+            asked[n],  # the same searches as above, the same model time
+            cwd=root,
+            kinds=kinds,
+            tags=tag_filter,
+            since=since,
+            count_access=False,
+        )
+        if n >= 5:
+            after_store_ms.append((time.perf_counter() - started) * 1000)
+    if memory.engine.embeddings.identity is not None:
+        await memory.engine.finish_deferred(600)
+
     say(f"{count:,}: the model alone", 0, 1)
     embed_ms = await _model_alone(memory, stored)
     query_ms = await _model_alone(memory, asked)
@@ -580,6 +611,8 @@ async def measure(
         store_p95_ms=round(_percentile(store_ms, 0.95), 2),
         search_p50_ms=round(statistics.median(search_ms), 2),
         search_p95_ms=round(_percentile(search_ms, 0.95), 2),
+        search_after_store_p50_ms=round(statistics.median(after_store_ms), 2),
+        search_after_store_p95_ms=round(_percentile(after_store_ms, 0.95), 2),
         first_search_ms=round(first_search_ms, 1),
         brief_inject_ms=round(statistics.median(brief_ms), 1),
         bytes_per_memory=round(stats.database_bytes / max(1, total), 1),

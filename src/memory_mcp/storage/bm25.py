@@ -185,6 +185,20 @@ class CountCache:
                 known[s] = entry[0]
         return known, missing
 
+    def adjust(self, changes: Mapping[str, int]) -> None:
+        """Add ``changes`` (records that came to hold a stem, or stopped) to the counts
+        kept, each keeping when it was read; one that would fall below zero is dropped
+        (counted again when asked)."""
+        counts = self._counts
+        for s, change in changes.items():
+            entry = counts.get(s)
+            if entry is None:
+                continue
+            if entry[0] + change < 0:
+                del counts[s]
+            else:
+                counts[s] = (entry[0] + change, entry[1])
+
     def remember(self, stems: Iterable[str], found: Mapping[str, int], at: float) -> dict[str, int]:
         """Keep the counts of ``stems`` read at ``at`` (``found``: those some record
         holds); those held. Past ``COUNTS_MAX`` words the cache starts over."""

@@ -84,6 +84,7 @@ async def _full_text(store: SqliteStore, repair: bool, found: list[str]) -> Chec
     if check.problems and repair:
         async with store.write() as tx:
             await tx.execute("INSERT INTO records_fts (records_fts) VALUES ('rebuild')")
+        store.forget_word_counts()  # the index made again may count otherwise
         check.repaired = True
     return check
 

@@ -33,7 +33,9 @@ from __future__ import annotations
 import json
 import math
 import sqlite3
+import threading
 import time
+from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -258,6 +260,71 @@ _VOCAB_SQL = (
 )
 
 
+# The texts FTS5 indexes, as a write changed them: (content, merged_text, tags) before
+# and after, None for a record inserted or deleted.
+TextChange = tuple[tuple[str, str, str] | None, tuple[str, str, str] | None]
+
+# The writer's connection notes the texts each write transaction changes, as FTS5's
+# triggers index them (``WordCounts.written``).
+WORDS_WRITTEN = """
+CREATE TEMP TABLE IF NOT EXISTS words_written (
+    old_content TEXT, old_merged TEXT, old_tags TEXT,
+    new_content TEXT, new_merged TEXT, new_tags TEXT
+);
+CREATE TEMP TRIGGER IF NOT EXISTS words_written_insert AFTER INSERT ON main.records BEGIN
+    INSERT INTO words_written (new_content, new_merged, new_tags)
+    VALUES (new.content, new.merged_text, new.tags);
+END;
+CREATE TEMP TRIGGER IF NOT EXISTS words_written_delete AFTER DELETE ON main.records BEGIN
+    INSERT INTO words_written (old_content, old_merged, old_tags)
+    VALUES (old.content, old.merged_text, old.tags);
+END;
+CREATE TEMP TRIGGER IF NOT EXISTS words_written_update
+AFTER UPDATE OF content, merged_text, tags ON main.records BEGIN
+    INSERT INTO words_written VALUES (
+        old.content, old.merged_text, old.tags, new.content, new.merged_text, new.tags
+    );
+END;
+"""
+WORDS_WRITTEN_SQL = "SELECT * FROM temp.words_written"
+WORDS_CLEAR_SQL = "DELETE FROM temp.words_written"
+_STRUCTURE_SQL = "SELECT block FROM records_fts_data WHERE id = 10"
+
+_WRITES_KEPT = 64  # this process's commits a reader can catch up on
+_CHANGES_MOST = 32  # records a commit changes for its word changes to be kept (an import's
+# batch changes more: tokenizing them all at the next search would cost more than counting)
+
+
+def fts_structure(conn: sqlite3.Connection) -> bytes:
+    """FTS5's structure record: every change to its index (a write, a merge) changes it."""
+    row = conn.execute(_STRUCTURE_SQL).fetchone()
+    return bytes(row[0]) if row else b""
+
+
+def text_changes(rows: Iterable[Sequence[Any]]) -> list[TextChange]:
+    """``WORDS_WRITTEN_SQL``'s rows as (before, after) texts."""
+    out: list[TextChange] = []
+    for oc, om, ot, nc, nm, nt in rows:
+        before = None if oc is None else (str(oc), str(om or ""), str(ot or ""))
+        after = None if nc is None else (str(nc), str(nm or ""), str(nt or ""))
+        out.append((before, after))
+    return out
+
+
+def count_changes(changes: Iterable[TextChange]) -> dict[str, int]:
+    """How many more records hold each stem after these changes (less if negative), as
+    FTS5 counts them: a record holds a stem once, whichever of its texts hold it."""
+    out: dict[str, int] = {}
+    for before, after in changes:
+        held = set(document_terms(before)[1]) if before else set()
+        holds = set(document_terms(after)[1]) if after else set()
+        for s in holds - held:
+            out[s] = out.get(s, 0) + 1
+        for s in held - holds:
+            out[s] = out.get(s, 0) - 1
+    return {s: n for s, n in out.items() if n}
+
+
 class WordCounts:
     """How many committed records hold each stem FTS5 knows: BM25's n(q), and what picks
     a memory's rarest words (cached a while, unless ``fresh``).
@@ -268,29 +335,62 @@ class WordCounts:
     50,000-200,000 memories, and growing with the store), hence the cache. Fresh
     counts are those read since FTS5's structure record last changed: every write
     to its index changes it (a new segment, a merge), so they are exact.
+
+    What a count read now would say comes from ``_exact`` where it can: counts kept
+    up to date through this process's own writes (``written``), whose texts say which
+    records came to hold a stem or stopped, so that a search after a store counts
+    none of its words again. Any other change (another process's write, a commit
+    that changed many records) and they are counted again. The answers are the same
+    as counting each time: ``_cache`` keeps what was read when, as before.
     """
 
     def __init__(self) -> None:
-        self._cache = CountCache()
-        self._index: bytes | None = None  # FTS5's structure when they were exact
+        self._cache = CountCache()  # the counts as read, and when
+        self._seen: bytes | None = None  # FTS5's structure when they were exact
+        self._exact = CountCache()  # the counts at FTS5's structure ``_index``
+        self._index: bytes | None = None
         self._vocab_ready = False  # the connection has temp.records_vocab
+        self._lock = threading.Lock()  # the writer's thread adds to ``_written``
+        self._written: deque[tuple[bytes, bytes, list[TextChange] | None]] = deque(
+            maxlen=_WRITES_KEPT
+        )
 
     def forget(self) -> None:
         """Read every count again."""
         self._cache.forget()
+        self._exact.forget()
+
+    def written(self, before: bytes, after: bytes, changes: list[TextChange]) -> None:
+        """This process committed a write that took FTS5's structure from ``before`` to
+        ``after``, nothing else committed in between, changing these texts (on the
+        writer's thread, after the commit)."""
+        if before == after and not changes:
+            return
+        kept = changes if len(changes) <= _CHANGES_MOST else None
+        with self._lock:
+            self._written.append((before, after, kept))
 
     def read(self, conn: sqlite3.Connection, stems: set[str], fresh: bool) -> dict[str, int]:
         """The counts of ``stems`` that some record holds (the others are left out)."""
         now = time.monotonic()
         since = now - COUNTS_TTL
+        index = None
         if fresh:
-            row = conn.execute("SELECT block FROM records_fts_data WHERE id = 10").fetchone()
-            index = bytes(row[0]) if row else b""
-            if index != self._index:  # written since: none of them is exact now
+            index = self._follow(conn)
+            if index != self._seen:  # written since: none of them is exact now
                 self._cache.forget()
-                self._index = index
+                self._seen = index
             since = -math.inf
         known, missing = self._cache.lookup(stems, since, exact=fresh)
+        if missing:
+            found = self._counted(conn, missing, self._follow(conn) if index is None else index)
+            known |= self._cache.remember(missing, found, now)
+        return known
+
+    def _counted(self, conn: sqlite3.Connection, stems: list[str], index: bytes) -> dict[str, int]:
+        """The record counts of ``stems`` at FTS5's structure ``index`` (the one now), of
+        those some record holds: kept up to date, or counted."""
+        held, missing = self._exact.lookup(stems, -math.inf, exact=True)
         if missing:
             if not self._vocab_ready:
                 conn.execute(_VOCAB_SQL)
@@ -301,8 +401,39 @@ class WordCounts:
                     missing,
                 )
             )
-            known |= self._cache.remember(missing, found, now)
-        return known
+            if fts_structure(conn) == index:  # not if a write landed while they were counted
+                self._exact.remember(missing, found, time.monotonic())
+            held |= {s: int(n) for s, n in found.items() if n}
+        return held
+
+    def _follow(self, conn: sqlite3.Connection) -> bytes:
+        """FTS5's structure now, with ``_exact`` brought up to it (or forgotten)."""
+        index = fts_structure(conn)
+        if index != self._index:
+            if not self._caught_up(index):
+                self._exact.forget()
+            self._index = index
+        return index
+
+    def _caught_up(self, index: bytes) -> bool:
+        """Bring ``_exact`` from ``_index`` to ``index`` through this process's writes;
+        False if they do not lead there (another's write, or one that kept no texts)."""
+        with self._lock:
+            writes = list(self._written)
+        at, changes = self._index, []
+        for before, after, texts in writes:
+            if at == index:
+                break
+            if before != at:
+                continue
+            if texts is None:
+                return False
+            changes.extend(texts)
+            at = after
+        if at != index:
+            return False
+        self._exact.adjust(count_changes(changes))
+        return True
 
 
 def totals(conn: sqlite3.Connection) -> tuple[int, float]:

@@ -94,11 +94,17 @@ class Transaction(SharedWrites, Queries):
         super().__init__(conn, store)
         self._writer = conn
         self._began = began  # the store's ``write_mark`` at its start
+        self.words_before: bytes | None = None  # FTS5's structure at its start
         self._touched: set[int] = set()  # records whose vectors this transaction changed
         self._changes_at_start = conn.total_changes
         self._queued = False  # it queued a write (``Pipelined``)
         self.failure: BaseException | None = None  # what a queued write of it raised
         self.journal = Journal()  # what it did to vector rows (``vectors.Journal``)
+
+    @property
+    def began(self) -> object | None:
+        """The store's ``write_mark`` at its start."""
+        return self._began
 
     async def _own_writes(self) -> Collection[int]:
         if self._writer.queued:  # the records a queued write changes are known once it ran
