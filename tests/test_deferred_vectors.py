@@ -3,6 +3,7 @@ after the answer; an exact repeat is not embedded at all."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
@@ -98,6 +99,23 @@ async def test_the_deferred_passages_are_embedded_once_the_engine_is_quiet(
     await task  # the background task, started by the store, ends once it is done
     assert await rows(memory.engine.store, result.id, identity) == len(split_passages(LONG))
     assert await memory.engine.store.count_needing_embedding(identity) == 0
+
+
+async def test_a_search_holds_the_deferred_passages_back_as_a_store_does(
+    recorded: tuple[MemoryService, Recording], project: Path
+) -> None:
+    """The windows wait for a pause in searches too: embedded between them, they made
+    each search wait for the model."""
+    memory, _ = recorded
+    await memory.store(LONG, cwd=project)
+    engine = memory.engine
+    engine._active_at = time.monotonic() - 3600  # as if the store were an hour ago
+    await memory.search("finance team", cwd=project)
+    assert time.monotonic() - engine._active_at < 60
+    await memory.unified_search("finance team", cwd=project)  # every search that embeds
+    engine._active_at = time.monotonic() - 3600
+    await memory.unified_search("finance team", cwd=project)
+    assert time.monotonic() - engine._active_at < 60
 
 
 def test_a_burst_of_stores_keeps_the_model_until_it_pauses() -> None:

