@@ -231,3 +231,30 @@ async def test_push_takes_each_project_to_its_portable_key(
         git(clone, "remote", "set-url", "origin", "https://github.com/org/app")
         found = await theirs.search("gateway timeout", cwd=clone)
         assert [h.record.content for h in found.hits] == ["The gateway times out after 30 s"]
+
+
+async def test_an_import_that_adds_records_ends_by_analyzing_the_store(
+    tmp_path: Path, storage_url: str, project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The planner's statistics are brought up to date before the first search over what
+    was imported (Postgres plans from them; SQLite's call does nothing)."""
+    settings, database = store_place(tmp_path, storage_url, "a")
+    async with MemoryService.open(settings, database=database, embedder=FakeEmbedder()) as a:
+        await a.store("Use uv for installs.", cwd=project)
+        text = io.StringIO()
+        await export_jsonl(a.engine, text)
+    settings, database = store_place(tmp_path, storage_url, "b")
+    async with MemoryService.open(settings, database=database, embedder=FakeEmbedder()) as b:
+        store = b.engine.store
+        analyzed: list[bool] = []
+        real = store.analyze
+
+        async def analyze() -> None:
+            analyzed.append(True)
+            await real()
+
+        monkeypatch.setattr(store, "analyze", analyze)
+        await import_jsonl(b.engine, text.getvalue().splitlines())
+        assert analyzed == [True]
+        await import_jsonl(b.engine, text.getvalue().splitlines())  # nothing added
+        assert analyzed == [True]

@@ -313,6 +313,8 @@ async def _add(
     await engine.embeddings.settle()
     if engine.embeddings.ready and added:
         embedded = (await engine.reembed(progress=embed_progress)).embedded
+    if added:  # the planner's statistics, before the first search over them
+        await engine.store.analyze()
     awaiting = await engine.store.count_needing_embedding(engine.embeddings.identity)
     return ImportSummary(added, skipped, conflicts_added, embedded, awaiting, aliases_added)
 

@@ -310,6 +310,12 @@ class SearchBranches(Neighbours, Protocol):
         """Drop any cached word statistics (``rare_words``)."""
         ...
 
+    async def analyze(self) -> None:
+        """After a bulk write (an import): bring the query planner's statistics up to
+        date, where the backend plans from them (Postgres; SQLite's queries are
+        planned by hand)."""
+        ...
+
     async def write_mark(self) -> object | None:
         """A mark of what has been committed, taken before reads that a write
         transaction may use if nothing was committed since (``unchanged_since``);

@@ -566,3 +566,6 @@ class SqliteStore(VectorTables, UpkeepReads):
     def forget_word_counts(self) -> None:
         """Drop the cached record counts of words (the write path's rare words)."""
         self._word_counts.forget()
+
+    async def analyze(self) -> None:
+        """Nothing: the statements name their indexes and join order themselves."""
