@@ -352,10 +352,10 @@ class PgStore(UpkeepReads, Queries):
 
     async def analyze(self) -> None:
         """ANALYZE the tables an import fills. Until autovacuum gets to them (up to a
-        minute), the planner knows them as the migrations left them, empty: a search
-        right after importing 1,000 memories took 50-60 ms p50 and 460-490 p95 in
-        three runs of four (its lexical statement 220-230 ms), 13-15 / 18-20 ms once
-        analyzed. A table the role may not analyze is skipped (a warning)."""
+        minute), the planner knows them as the migrations left them, empty: searches
+        right after importing 1,000 memories had p95 456-495 ms in eight runs of
+        twelve (their lexical statement 220-230 ms), 17-18 / 24-25 ms once analyzed.
+        A table the role may not analyze is skipped (a warning)."""
         await self.fetch("ANALYZE records, posting_lists, postings, vectors")
 
     async def needing_embedding(self, embedder: str, limit: int) -> list[Record]:
