@@ -325,6 +325,7 @@ async def test_word_counts_follow_this_process_writes_without_counting_again(
             held, ran = await _counts(store, COUNTED)
             assert held == _fts5(store, COUNTED), name
             assert not any("records_vocab" in s for s in ran), name
+            assert not store._word_counts._written  # the texts read go
 
         async def rolled_back() -> None:
             async with store.write() as tx:

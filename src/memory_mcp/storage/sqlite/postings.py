@@ -413,6 +413,9 @@ class WordCounts:
             if not self._caught_up(index):
                 self._exact.forget()
             self._index = index
+            with self._lock:  # only writes from here on are of use (their texts go)
+                while self._written and self._written[0][0] != index:
+                    self._written.popleft()
         return index
 
     def _caught_up(self, index: bytes) -> bool:
