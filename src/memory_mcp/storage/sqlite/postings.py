@@ -311,6 +311,13 @@ def text_changes(rows: Iterable[Sequence[Any]]) -> list[TextChange]:
     return out
 
 
+def _ascii(change: TextChange) -> bool:
+    """Whether every text of a change is ASCII, where the postings' words are certainly
+    FTS5's (unicode61 folds other characters by tables of its own: a ligature or a
+    full-width letter is one word to it, another to ``lexical.words``)."""
+    return all(text.isascii() for texts in change if texts for text in texts)
+
+
 def count_changes(changes: Iterable[TextChange]) -> dict[str, int]:
     """How many more records hold each stem after these changes (less if negative), as
     FTS5 counts them: a record holds a stem once, whichever of its texts hold it."""
@@ -340,8 +347,9 @@ class WordCounts:
     up to date through this process's own writes (``written``), whose texts say which
     records came to hold a stem or stopped, so that a search after a store counts
     none of its words again. Any other change (another process's write, a commit
-    that changed many records) and they are counted again. The answers are the same
-    as counting each time: ``_cache`` keeps what was read when, as before.
+    that changed many records, a text that is not ASCII) and they are counted again.
+    The answers are the same as counting each time: ``_cache`` keeps what was read
+    when, as before.
     """
 
     def __init__(self) -> None:
@@ -366,7 +374,7 @@ class WordCounts:
         writer's thread, after the commit)."""
         if before == after and not changes:
             return
-        kept = changes if len(changes) <= _CHANGES_MOST else None
+        kept = changes if len(changes) <= _CHANGES_MOST and all(map(_ascii, changes)) else None
         with self._lock:
             self._written.append((before, after, kept))
 
