@@ -25,6 +25,7 @@ before a rule existed does not bring its secrets back into the store.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import AsyncIterator, Callable, Collection, Iterable
 from dataclasses import asdict, dataclass, replace
@@ -44,6 +45,8 @@ from memory_mcp.storage.base import ScopeAlias
 EXPORT_FORMAT = "memory-mcp-export"
 EXPORT_VERSION = 3  # 2: alias lines; 3: a record's user and private flag
 _IMPORT_BATCH = 500
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -314,7 +317,10 @@ async def _add(
     if engine.embeddings.ready and added:
         embedded = (await engine.reembed(progress=embed_progress)).embedded
     if added:  # the planner's statistics, before the first search over them
-        await engine.store.analyze()
+        try:
+            await engine.store.analyze()
+        except Exception:  # the records are written: autovacuum will analyze them
+            log.warning("could not analyze the store after the import", exc_info=True)
     awaiting = await engine.store.count_needing_embedding(engine.embeddings.identity)
     return ImportSummary(added, skipped, conflicts_added, embedded, awaiting, aliases_added)
 

@@ -39,6 +39,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from memory_mcp.lexical import stem, words
 from memory_mcp.storage.bm25 import (
     COUNTS_TTL,
     K1,
@@ -311,20 +312,41 @@ def text_changes(rows: Iterable[Sequence[Any]]) -> list[TextChange]:
     return out
 
 
-def _ascii(change: TextChange) -> bool:
-    """Whether every text of a change is ASCII, where the postings' words are certainly
-    FTS5's (unicode61 folds other characters by tables of its own: a ligature or a
-    full-width letter is one word to it, another to ``lexical.words``)."""
-    return all(text.isascii() for texts in change if texts for text in texts)
+def _terms(texts: tuple[str, str, str] | None) -> set[str] | None:
+    """The stems a record's texts hold, as FTS5 counts them; None where this tokenizer
+    is not certainly FTS5's: a text that is not ASCII (unicode61 folds other
+    characters by tables of its own: a ligature is one word to it, another to
+    ``lexical.words``), a word with digits among its letters (FTS5's porter stems
+    "k8s" and "200ms", ``stem`` leaves them), a word "ies" or "sses" (stemmed otherwise
+    there), or one too long for it."""
+    held: set[str] = set()
+    if texts is None:
+        return held
+    for text in texts:
+        if not text.isascii():
+            return None
+        for token in words(text):
+            if not (token.isalpha() or token.isdigit()) or token in _STEMMED_OTHERWISE:
+                return None
+            if len(token) > _LONGEST_TOKEN:
+                return None
+            held.add(stem(token))
+    return held
 
 
-def count_changes(changes: Iterable[TextChange]) -> dict[str, int]:
+_STEMMED_OTHERWISE = frozenset({"ies", "sses"})
+_LONGEST_TOKEN = 1000
+
+
+def count_changes(changes: Iterable[TextChange]) -> dict[str, int] | None:
     """How many more records hold each stem after these changes (less if negative), as
-    FTS5 counts them: a record holds a stem once, whichever of its texts hold it."""
+    FTS5 counts them: a record holds a stem once, whichever of its texts hold it. None
+    if a text's words may not be FTS5's (``_terms``)."""
     out: dict[str, int] = {}
     for before, after in changes:
-        held = set(document_terms(before)[1]) if before else set()
-        holds = set(document_terms(after)[1]) if after else set()
+        held, holds = _terms(before), _terms(after)
+        if held is None or holds is None:
+            return None
         for s in holds - held:
             out[s] = out.get(s, 0) + 1
         for s in held - holds:
@@ -374,7 +396,8 @@ class WordCounts:
         writer's thread, after the commit)."""
         if before == after and not changes:
             return
-        kept = changes if len(changes) <= _CHANGES_MOST and all(map(_ascii, changes)) else None
+        # a change of FTS5's index with no text changed (doctor's rebuild) is not trusted
+        kept = changes if changes and len(changes) <= _CHANGES_MOST else None
         with self._lock:
             self._written.append((before, after, kept))
 
@@ -441,9 +464,10 @@ class WordCounts:
                 return False
             changes.extend(texts)
             at = after
-        if at != index:
+        counted = count_changes(changes) if at == index else None
+        if counted is None:
             return False
-        self._exact.adjust(count_changes(changes))
+        self._exact.adjust(counted)
         return True
 
 

@@ -305,8 +305,13 @@ class SqliteStore(VectorTables, UpkeepReads):
         """Begin a write transaction on the writer's thread, with its ``write_mark`` and
         FTS5's structure at its start (``_words_written``)."""
         conn.execute("BEGIN IMMEDIATE")
-        conn.execute(postings.WORDS_CLEAR_SQL)  # what a rolled-back one left
-        return self._mark(conn), postings.fts_structure(conn)
+        try:
+            conn.execute(postings.WORDS_CLEAR_SQL)  # what a rolled-back one left
+            return self._mark(conn), postings.fts_structure(conn)
+        except BaseException:  # no transaction left open to hold the lock
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
 
     def _commit(self, conn: sqlite3.Connection, tx: Transaction) -> None:
         """End a write transaction on the writer's thread, in one round trip: its queued
@@ -329,7 +334,8 @@ class SqliteStore(VectorTables, UpkeepReads):
         try:
             after = postings.fts_structure(conn)
             version = int(conn.execute("PRAGMA data_version").fetchone()[0])
-        except OPERATIONAL_ERRORS:  # committed all the same; the counts start over
+        except Exception:  # committed all the same: the counts start over
+            log.info("word counts of %s: counted again after a write", self.path, exc_info=True)
             return
         began = tx.began
         if tx.words_before is not None and isinstance(began, tuple) and began[0] == version:
