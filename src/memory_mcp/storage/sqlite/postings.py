@@ -39,7 +39,6 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from memory_mcp.lexical import stem, words
 from memory_mcp.storage.bm25 import (
     COUNTS_TTL,
     K1,
@@ -312,41 +311,34 @@ def text_changes(rows: Iterable[Sequence[Any]]) -> list[TextChange]:
     return out
 
 
-def _terms(texts: tuple[str, str, str] | None) -> set[str] | None:
-    """The stems a record's texts hold, as FTS5 counts them; None where this tokenizer
-    is not certainly FTS5's: a text that is not ASCII (unicode61 folds other
-    characters by tables of its own: a ligature is one word to it, another to
-    ``lexical.words``), a word with digits among its letters (FTS5's porter stems
-    "k8s" and "200ms", ``stem`` leaves them), a word "ies" or "sses" (stemmed otherwise
-    there), or one too long for it."""
-    held: set[str] = set()
+# FTS5 itself says which words a text holds: a table of one row on the reader's
+# connection, with the records' tokenizer (migrations: records_fts), and its vocabulary.
+_TOKENIZED = (
+    "CREATE VIRTUAL TABLE IF NOT EXISTS temp.words_of USING fts5("
+    "text, tokenize = 'porter unicode61 remove_diacritics 2')",
+    "CREATE VIRTUAL TABLE IF NOT EXISTS temp.words_of_vocab USING fts5vocab(temp, words_of, row)",
+)
+
+
+def _terms(conn: sqlite3.Connection, texts: tuple[str, str, str] | None) -> set[str]:
+    """The words a record's texts hold, as FTS5 indexes them (its own tokenizer: this
+    module's ``words`` and ``stem`` differ from it on some words, "k8s" or a
+    ligature)."""
     if texts is None:
-        return held
-    for text in texts:
-        if not text.isascii():
-            return None
-        for token in words(text):
-            if not (token.isalpha() or token.isdigit()) or token in _STEMMED_OTHERWISE:
-                return None
-            if len(token) > _LONGEST_TOKEN:
-                return None
-            held.add(stem(token))
-    return held
+        return set()
+    conn.execute("INSERT INTO temp.words_of (rowid, text) VALUES (1, ?)", ["\n".join(texts)])
+    try:
+        return {str(term) for (term,) in conn.execute("SELECT term FROM temp.words_of_vocab")}
+    finally:
+        conn.execute("DELETE FROM temp.words_of")
 
 
-_STEMMED_OTHERWISE = frozenset({"ies", "sses"})
-_LONGEST_TOKEN = 1000
-
-
-def count_changes(changes: Iterable[TextChange]) -> dict[str, int] | None:
-    """How many more records hold each stem after these changes (less if negative), as
-    FTS5 counts them: a record holds a stem once, whichever of its texts hold it. None
-    if a text's words may not be FTS5's (``_terms``)."""
+def count_changes(conn: sqlite3.Connection, changes: Iterable[TextChange]) -> dict[str, int]:
+    """How many more records hold each word after these changes (less if negative), as
+    FTS5 counts them: a record holds a word once, whichever of its texts hold it."""
     out: dict[str, int] = {}
     for before, after in changes:
-        held, holds = _terms(before), _terms(after)
-        if held is None or holds is None:
-            return None
+        held, holds = _terms(conn, before), _terms(conn, after)
         for s in holds - held:
             out[s] = out.get(s, 0) + 1
         for s in held - holds:
@@ -366,10 +358,11 @@ class WordCounts:
     to its index changes it (a new segment, a merge), so they are exact.
 
     What a count read now would say comes from ``_exact`` where it can: counts kept
-    up to date through this process's own writes (``written``), whose texts say which
-    records came to hold a stem or stopped, so that a search after a store counts
-    none of its words again. Any other change (another process's write, a commit
-    that changed many records, a text that is not ASCII) and they are counted again.
+    up to date through this process's own writes (``written``), whose texts, read by
+    FTS5's own tokenizer (``_terms``), say which records came to hold a word or
+    stopped, so that a search after a store counts none of its words again. Any
+    other change (another process's write, a commit that changed many records or
+    FTS5's index alone) and they are counted again.
     The answers are the same as counting each time: ``_cache`` keeps what was read
     when, as before.
     """
@@ -380,6 +373,7 @@ class WordCounts:
         self._exact = CountCache()  # the counts at FTS5's structure ``_index``
         self._index: bytes | None = None
         self._vocab_ready = False  # the connection has temp.records_vocab
+        self._tokenizer_ready = False  # and temp.words_of (``_terms``)
         self._lock = threading.Lock()  # the writer's thread adds to ``_written``
         self._written: deque[tuple[bytes, bytes, list[TextChange] | None]] = deque(
             maxlen=_WRITES_KEPT
@@ -441,7 +435,7 @@ class WordCounts:
         """FTS5's structure now, with ``_exact`` brought up to it (or forgotten)."""
         index = fts_structure(conn)
         if index != self._index:
-            if not self._caught_up(index):
+            if not self._caught_up(conn, index):
                 self._exact.forget()
             self._index = index
             with self._lock:  # only writes from here on are of use (their texts go)
@@ -449,7 +443,7 @@ class WordCounts:
                     self._written.popleft()
         return index
 
-    def _caught_up(self, index: bytes) -> bool:
+    def _caught_up(self, conn: sqlite3.Connection, index: bytes) -> bool:
         """Bring ``_exact`` from ``_index`` to ``index`` through this process's writes;
         False if they do not lead there (another's write, or one that kept no texts)."""
         with self._lock:
@@ -464,10 +458,13 @@ class WordCounts:
                 return False
             changes.extend(texts)
             at = after
-        counted = count_changes(changes) if at == index else None
-        if counted is None:
+        if at != index:
             return False
-        self._exact.adjust(counted)
+        if not self._tokenizer_ready:
+            for statement in _TOKENIZED:
+                conn.execute(statement)
+            self._tokenizer_ready = True
+        self._exact.adjust(count_changes(conn, changes))
         return True
 
 
