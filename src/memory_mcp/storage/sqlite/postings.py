@@ -372,8 +372,7 @@ class WordCounts:
         self._seen: bytes | None = None  # FTS5's structure when they were exact
         self._exact = CountCache()  # the counts at FTS5's structure ``_index``
         self._index: bytes | None = None
-        self._vocab_ready = False  # the connection has temp.records_vocab
-        self._tokenizer_ready = False  # and temp.words_of (``_terms``)
+        self._temporary = False  # the connection has temp.records_vocab and temp.words_of
         self._lock = threading.Lock()  # the writer's thread adds to ``_written``
         self._written: deque[tuple[bytes, bytes, list[TextChange] | None]] = deque(
             maxlen=_WRITES_KEPT
@@ -417,9 +416,7 @@ class WordCounts:
         those some record holds: kept up to date, or counted."""
         held, missing = self._exact.lookup(stems, -math.inf, exact=True)
         if missing:
-            if not self._vocab_ready:
-                conn.execute(_VOCAB_SQL)
-                self._vocab_ready = True
+            self._make_temporary(conn)
             found = dict(
                 conn.execute(
                     f"SELECT term, doc FROM temp.records_vocab WHERE term IN ({marks(missing)})",
@@ -460,12 +457,17 @@ class WordCounts:
             at = after
         if at != index:
             return False
-        if not self._tokenizer_ready:
-            for statement in _TOKENIZED:
-                conn.execute(statement)
-            self._tokenizer_ready = True
+        self._make_temporary(conn)
         self._exact.adjust(count_changes(conn, changes))
         return True
+
+    def _make_temporary(self, conn: sqlite3.Connection) -> None:
+        """The reader connection's temporary tables: FTS5's vocabulary (the counts) and a
+        one-row FTS5 table with its own (``_terms``)."""
+        if not self._temporary:
+            for statement in (_VOCAB_SQL, *_TOKENIZED):
+                conn.execute(statement)
+            self._temporary = True
 
 
 def totals(conn: sqlite3.Connection) -> tuple[int, float]:
