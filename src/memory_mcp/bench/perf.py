@@ -545,42 +545,33 @@ async def measure(
         ("build the service", (), ("python",), None),
         ("what port does it listen on", (), (), "2000-01-01"),
     ]
-    search_ms: list[float] = []
-    asked: list[str] = []
-    first_search_ms = 0.0
-    for n in range(samples + 5):
-        text, kinds, tag_filter, since = queries[n % len(queries)]
-        asked.append(f"{text} {rng.choice(_AREAS)}")
+    asked = [f"{queries[n % len(queries)][0]} {rng.choice(_AREAS)}" for n in range(samples + 5)]
+
+    async def timed_search(n: int) -> float:
+        """Milliseconds the n-th search takes (its query ``asked[n]``, its filters)."""
+        _, kinds, tag_filter, since = queries[n % len(queries)]
         started = time.perf_counter()
         await memory.search(
-            asked[-1],
-            cwd=root,
-            kinds=kinds,
-            tags=tag_filter,
-            since=since,
-            count_access=False,
+            asked[n], cwd=root, kinds=kinds, tags=tag_filter, since=since, count_access=False
         )
+        return (time.perf_counter() - started) * 1000
+
+    search_ms: list[float] = []
+    first_search_ms = 0.0
+    for n in range(samples + 5):
+        took = await timed_search(n)
         if n == 0:  # loads the scope's vectors into memory
-            first_search_ms = (time.perf_counter() - started) * 1000
+            first_search_ms = took
         if n >= 5:
-            search_ms.append((time.perf_counter() - started) * 1000)
+            search_ms.append(took)
 
     say(f"{count:,}: search after a store", 0, 1)
     after_store_ms: list[float] = []
     for n, (kind, text, tags) in enumerate(fresh[samples + 5 : (samples + 5) * 2]):
         await memory.store(f"{text} [{filled.runs}.after.{n}]", kind=kind, cwd=root, tags=tags)
-        _, kinds, tag_filter, since = queries[n % len(queries)]
-        started = time.perf_counter()
-        await memory.search(
-            asked[n],  # the same searches as above, the same model time
-            cwd=root,
-            kinds=kinds,
-            tags=tag_filter,
-            since=since,
-            count_access=False,
-        )
+        took = await timed_search(n)  # the same searches as above, the same model time
         if n >= 5:
-            after_store_ms.append((time.perf_counter() - started) * 1000)
+            after_store_ms.append(took)
     if memory.engine.embeddings.identity is not None:
         await memory.engine.finish_deferred(600)
 
