@@ -182,7 +182,9 @@ def test_m011_orders_records_live_by_write_order_within_a_creation_time(
             [f"f_{n}", f"note {n}", f"h{n}"],
         )
     conn.commit()
-    assert migrate(conn, db_path=db, connect=connect) == ["m011_live_by_seq"]
+    assert migrate(conn, db_path=db, connect=connect, migrations=MIGRATIONS[:11]) == [
+        "m011_live_by_seq"
+    ]
     columns = [row[2] for row in conn.execute("PRAGMA index_info(records_live)")]
     assert columns[:5] == ["scope_key", "corpus", "live", "created_at", "seq"]
     assert {"kind", "importance", "emphasis", "pinned", "id"} <= set(columns)
@@ -208,3 +210,53 @@ def test_the_error_classes_cover_every_sqlite_module() -> None:
 
     assert sqlite3.OperationalError in OPERATIONAL_ERRORS
     assert sqlean.dbapi2.OperationalError in OPERATIONAL_ERRORS
+
+
+def test_m012_gives_every_current_record_its_neighbours_in_time(tmp_path: Path) -> None:
+    """Made from the records already there, in each scope and corpus, by creation time
+    then write order; a record that is not current has none and is nobody's; the
+    triggers keep them from then on."""
+    from memory_mcp.storage.sqlite import neighbours
+
+    db = tmp_path / "m.db"
+    conn = connect(str(db))
+    migrate(conn, db_path=db, connect=connect, migrations=MIGRATIONS[:11])
+    rows = [  # id, scope key, created at, archived at
+        ("f_0", "/repo", "2026-01-01T10:00:00.000000Z", None),
+        ("f_1", "/repo", "2026-01-01T10:05:00.000000Z", "2026-01-02T00:00:00.000000Z"),
+        ("f_2", "/repo", "2026-01-01T10:07:30.000000Z", None),
+        ("f_3", "/other", "2026-01-01T10:06:00.000000Z", None),
+        ("f_4", "/repo", "2026-01-01T10:00:00.000000Z", None),
+    ]
+    for record_id, key, at, archived in rows:
+        conn.execute(
+            "INSERT INTO records (id, corpus, kind, scope, scope_key, content, content_hash, "
+            "agent, created_at, updated_at, archived_at) VALUES (?, 'facts', 'fact', "
+            "'project', ?, 'note', ?, 'cli', ?, ?, ?)",
+            [record_id, key, record_id, at, at, archived],
+        )
+    conn.commit()
+    assert migrate(conn, db_path=db, connect=connect) == ["m012_neighbours"]
+    kept = {
+        str(row[0]): row[1:]
+        for row in conn.execute(
+            "SELECT r.id, n.before_id, n.before_gap, n.after_id, n.after_gap "
+            "FROM neighbours n JOIN records r ON r.seq = n.seq"
+        )
+    }
+    assert kept == {
+        "f_0": (None, None, "f_4", 0.0),
+        "f_4": ("f_0", 0.0, "f_2", pytest.approx(450.0)),
+        "f_2": ("f_4", pytest.approx(450.0), None, None),
+        "f_3": (None, None, None, None),
+    }
+    conn.execute(  # f_1 comes back between f_4 and f_2
+        "UPDATE records SET archived_at = NULL WHERE id = 'f_1'"
+    )
+    conn.commit()
+    assert conn.execute(
+        "SELECT before_id, after_id FROM neighbours n JOIN records r ON r.seq = n.seq "
+        "WHERE r.id = 'f_1'"
+    ).fetchone() == ("f_4", "f_2")
+    assert conn.execute(neighbours.DISAGREEING).fetchone() == (0,)
+    assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)

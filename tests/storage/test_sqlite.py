@@ -244,15 +244,14 @@ async def test_a_time_bound_keeps_the_full_text_match_as_the_outer_loop(tmp_path
     assert "records_fts" in steps[0], steps
 
 
-async def test_neighbours_in_time_are_index_seeks_without_a_sort(tmp_path: Path) -> None:
-    """Each side's neighbour is the first entry of ``records_live`` past the record,
-    in creation time and write order: no temporary b-tree sorts a look-up's rows."""
-    from memory_mcp.storage.sqlite.sql import neighbours_sql
+async def test_neighbours_in_time_are_read_by_rowid_not_sought(tmp_path: Path) -> None:
+    """Each record's neighbours in time are its row of the kept table (``neighbours``),
+    read by rowid: no seek in ``records_live``, no sort."""
+    from memory_mcp.storage.sqlite.neighbours import neighbours_sql
 
     steps = await query_plan(tmp_path, neighbours_sql(["a", "b"], True), [60, 60, "a", "b", "m"])
-    seeks = [step for step in steps if step.startswith("SEARCH o")]
-    assert len(seeks) == 2 and all("records_live" in step for step in seeks), steps
-    assert not any("TEMP B-TREE" in step for step in steps), steps
+    assert any(s.startswith("SEARCH n USING INTEGER PRIMARY KEY") for s in steps), steps
+    assert not any("records_live" in s or "TEMP B-TREE" in s for s in steps), steps
 
 
 async def test_the_exact_repeat_check_looks_the_hash_up_in_its_index(tmp_path: Path) -> None:

@@ -3,8 +3,9 @@
 The records table is canonical. Everything else is derived from it and can be
 rebuilt: the FTS5 index (its ``rebuild`` command reads the records again), the
 impact-ordered postings beside it (``postings.py``: made again from the current
-records) and the vectors (a current record's passage vectors live at rowids ``seq *
-MAX_PASSAGES + i`` for ``i < vec_rows`` of its embedder's vec0 table). A
+records), each current record's neighbours in time (``neighbours.py``) and the
+vectors (a current record's passage vectors live at rowids ``seq * MAX_PASSAGES
++ i`` for ``i < vec_rows`` of its embedder's vec0 table). A
 record whose vectors are missing or incomplete loses the ones it has and goes
 back to "awaiting vectors", which maintenance (or ``memory-mcp reembed``) then
 makes again; vectors that belong to no current record are deleted. Every
@@ -23,6 +24,7 @@ import anyio
 from memory_mcp.errors import InvalidInput, StorageError
 from memory_mcp.records import format_time, utcnow
 from memory_mcp.storage.base import Check, Diagnosis
+from memory_mcp.storage.sqlite import neighbours
 from memory_mcp.storage.sqlite.driver import DATABASE_ERRORS
 from memory_mcp.storage.sqlite.vectors import owner_of, rowids_of
 
@@ -44,6 +46,7 @@ async def diagnose(store: SqliteStore, *, repair: bool = False) -> Diagnosis:
         return Diagnosis(checks)  # a damaged file: leave it alone (restore a backup)
     checks.append(await _full_text(store, repair, fts))
     checks.append(await _postings(store, repair))
+    checks.append(await _neighbours(store, repair))
     checks.extend(await _vectors(store, repair))
     checks.append(await _conflicts(store, repair))
     return Diagnosis(checks)
@@ -127,6 +130,21 @@ async def _postings(store: SqliteStore, repair: bool) -> Check:
                 "INSERT OR IGNORE INTO postings_due (seq) SELECT seq FROM records WHERE live = 1"
             )
         check.repaired = True  # the transaction's commit indexed them all
+    return check
+
+
+async def _neighbours(store: SqliteStore, repair: bool) -> Check:
+    """Each current record's neighbours in time (``neighbours``) against the records."""
+    check = Check("neighbours in time")
+    await check.tally(
+        store.reads.fetch,
+        ((neighbours.DISAGREEING, "{} records' neighbours in time disagree with the records"),),
+    )
+    if check.problems and repair:
+        async with store.write() as tx:
+            for statement in neighbours.REBUILD:
+                await tx.execute(statement)
+        check.repaired = True
     return check
 
 

@@ -319,6 +319,18 @@ def _m011_live_by_seq(conn: sqlite3.Connection) -> None:
     )
 
 
+def _m012_neighbours(conn: sqlite3.Connection) -> None:
+    """Each current record's neighbours in time, in a table the triggers keep
+    (``neighbours``): a search reads them instead of seeking them (0.76 ms of its
+    120 candidates at 200,000 memories, 0.20 read). Made from the records: 1.5 s at
+    262,000."""
+    from memory_mcp.storage.sqlite import neighbours
+
+    _script(neighbours.SCHEMA)(conn)
+    for statement in neighbours.REBUILD:
+        conn.execute(statement)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration("m001_records", _script(M001_RECORDS)),
     Migration("m002_emphasis", _m002_emphasis),
@@ -331,6 +343,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration("m009_worth", _m009_worth),
     Migration("m010_postings_kind", _m010_postings_kind),
     Migration("m011_live_by_seq", _m011_live_by_seq),
+    Migration("m012_neighbours", _m012_neighbours),
 )
 
 

@@ -18,13 +18,13 @@ from memory_mcp.storage.base import NEIGHBOUR_PROBES, Around, Filters, Scored, V
 from memory_mcp.storage.bm25 import TopPlan, deepest_rows, kept_per_walk, narrowed, rarest
 from memory_mcp.storage.sqlite import postings
 from memory_mcp.storage.sqlite.driver import OPERATIONAL_ERRORS, on_thread
+from memory_mcp.storage.sqlite.neighbours import neighbours_sql
 from memory_mcp.storage.sqlite.sql import (
     SELECT,
     by_seq_sql,
     filters_sql,
     hash_sql,
     marks,
-    neighbours_sql,
     passing_sql,
     record_of,
     slots_sql,
@@ -460,10 +460,10 @@ class Queries:
         written just before and just after it (by creation time, then write
         order), when no more than ``within_seconds`` apart from it. Records (and
         neighbours) without a vector from ``embedder`` are left out. One query
-        finds them all: the nearest record on each side is an index seek, read from
-        the index alone (``records_live``); whether a neighbour has vectors is known
-        from the copy (or vec0) when its vector is read. Reading its row to ask
-        cost 0.2 ms of a search's 1.2 at 50,000 memories.
+        finds them all: each record's row of the table the triggers keep
+        (``neighbours``); whether a neighbour has vectors is known from the copy (or
+        vec0) when its vector is read. Reading its row to ask cost 0.2 ms of a
+        search's 1.2 at 50,000 memories.
         """
 
         table = await self._store._vector_table(self._conn, embedder)

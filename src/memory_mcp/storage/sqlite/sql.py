@@ -163,34 +163,6 @@ def lexical_sql(where: str) -> str:
     )
 
 
-def neighbours_sql(record_ids: Collection[str], near: bool) -> str:
-    """Each given record with a vector (by id) and, if ``near``, its neighbours in time
-    as ``seq:id`` (NULL on a side without one within ``?`` seconds).
-
-    A neighbour is the current record of its scope and corpus written just before
-    or just after it, by creation time and then write order: an index seek on
-    ``records_live``, which holds ``seq`` after ``created_at`` for it (m011).
-    Parameters: if ``near``, the seconds twice; then the ids; then the embedder.
-    """
-    side = (
-        "(SELECT CASE WHEN abs(julianday(o.created_at) - julianday(c.created_at)) "
-        "* 86400.0 <= ? THEN o.seq || ':' || o.id END FROM records o "
-        "WHERE o.scope_key = c.scope_key AND o.corpus = c.corpus AND o.live = 1 "
-        "AND o.created_at {cmp}= c.created_at "
-        "AND (o.created_at {cmp} c.created_at OR o.seq {cmp} c.seq) "
-        "ORDER BY o.created_at {order}, o.seq {order} LIMIT 1)"
-    )
-    sides = (
-        f", {side.format(cmp='<', order='DESC')}, {side.format(cmp='>', order='ASC')}"
-        if near
-        else ""
-    )
-    return (
-        f"SELECT c.id, c.seq{sides} FROM records c "
-        f"WHERE c.id IN ({marks(record_ids)}) AND +c.embedder = ? AND c.vec_rows > 0"
-    )
-
-
 def fts_query(text: str | list[str]) -> str:
     """An FTS5 MATCH expression: any of the text's ``query_terms`` (or these), quoted.
 
