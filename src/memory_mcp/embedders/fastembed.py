@@ -232,8 +232,10 @@ def _remember(key: str, folder: str) -> None:
         log.info("could not remember where %s is", key, exc_info=True)
 
 
-_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+_M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters
+_M_MMAP_THRESHOLD = -3
 _MMAP_THRESHOLD = 256 * 1024
+_TRIM_THRESHOLD = 1024 * 1024
 
 
 def _return_large_buffers() -> None:
@@ -245,6 +247,14 @@ def _return_large_buffers() -> None:
     batch ever seen (234 MB after loading, 603 MB after embedding long texts).
     A fixed threshold keeps large buffers in their own mappings, unmapped on
     free. Elsewhere (macOS, Windows, musl) this does nothing.
+
+    Fixing it fixes the heap's trim threshold too, at glibc's 128 KB: each time
+    the free space at the top of the heap passed that, it went back to the
+    system, and the next buffers there were faulted in again page by page: 660-830
+    page faults a search at 200,000 memories, 400 at 50,000, 120 a store. With 1
+    MB kept: 310-360, 140 and 40; search p50 -0.5 to -0.95 ms at 200,000 and
+    -0.57 at 50,000, store mean -0.2 ms (each pair alternating in one process),
+    resident memory 1 MB more at most.
     """
     if not sys.platform.startswith("linux"):
         return
@@ -253,6 +263,7 @@ def _return_large_buffers() -> None:
     except (OSError, AttributeError):  # pragma: no cover - not glibc
         return
     mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
+    mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD)
 
 
 def _quiet_fastembed() -> None:
