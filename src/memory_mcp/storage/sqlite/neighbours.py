@@ -38,39 +38,45 @@ _SIDE = (
 )
 
 
+# Each side of a record, with the other's name for it: the neighbour before a record
+# has it after.
+_SIDES = (("before", "after"), ("after", "before"))
+
+
 def _link(x: str) -> str:
-    """Statements that link the record ``x`` (``new``) between its neighbours."""
+    """Statements that link the record ``x`` (``new``) between its neighbours, and them
+    to it."""
     before = _SIDE.format(x=x, cmp="<", order="DESC")
     after = _SIDE.format(x=x, cmp=">", order="ASC")
-    return f"""
+    inserted = f"""
     INSERT OR REPLACE INTO neighbours
         (seq, before, before_id, before_gap, after, after_id, after_gap)
     SELECT {x}.seq, b.seq, b.id, {_gap("b.created_at", f"{x}.created_at")},
         a.seq, a.id, {_gap("a.created_at", f"{x}.created_at")}
     FROM (SELECT 1) LEFT JOIN records b ON b.seq = {before}
-    LEFT JOIN records a ON a.seq = {after};
-    UPDATE neighbours SET (after, after_id, after_gap) =
-        (SELECT {x}.seq, {x}.id, n.before_gap FROM neighbours n WHERE n.seq = {x}.seq)
-    WHERE seq = (SELECT before FROM neighbours WHERE seq = {x}.seq);
-    UPDATE neighbours SET (before, before_id, before_gap) =
-        (SELECT {x}.seq, {x}.id, n.after_gap FROM neighbours n WHERE n.seq = {x}.seq)
-    WHERE seq = (SELECT after FROM neighbours WHERE seq = {x}.seq);"""
+    LEFT JOIN records a ON a.seq = {after};"""
+    return inserted + "".join(
+        f"""
+    UPDATE neighbours SET ({far}, {far}_id, {far}_gap) =
+        (SELECT {x}.seq, {x}.id, n.{side}_gap FROM neighbours n WHERE n.seq = {x}.seq)
+    WHERE seq = (SELECT {side} FROM neighbours WHERE seq = {x}.seq);"""
+        for side, far in _SIDES
+    )
 
 
 def _unlink(x: str) -> str:
     """Statements that take the record ``x`` (``old``) out, its neighbours now each
     other's."""
-    return f"""
-    UPDATE neighbours SET (after, after_id, after_gap) =
-        (SELECT a.seq, a.id, {_gap("a.created_at", "b.created_at")} FROM neighbours n
-         JOIN records b ON b.seq = n.before LEFT JOIN records a ON a.seq = n.after
+    relinked = "".join(
+        f"""
+    UPDATE neighbours SET ({far}, {far}_id, {far}_gap) =
+        (SELECT o.seq, o.id, {_gap("o.created_at", "m.created_at")} FROM neighbours n
+         JOIN records m ON m.seq = n.{side} LEFT JOIN records o ON o.seq = n.{far}
          WHERE n.seq = {x}.seq)
-    WHERE seq = (SELECT before FROM neighbours WHERE seq = {x}.seq);
-    UPDATE neighbours SET (before, before_id, before_gap) =
-        (SELECT b.seq, b.id, {_gap("b.created_at", "a.created_at")} FROM neighbours n
-         JOIN records a ON a.seq = n.after LEFT JOIN records b ON b.seq = n.before
-         WHERE n.seq = {x}.seq)
-    WHERE seq = (SELECT after FROM neighbours WHERE seq = {x}.seq);
+    WHERE seq = (SELECT {side} FROM neighbours WHERE seq = {x}.seq);"""
+        for side, far in _SIDES
+    )
+    return f"""{relinked}
     DELETE FROM neighbours WHERE seq = {x}.seq;"""
 
 
@@ -118,14 +124,12 @@ REBUILD = (
     + EXPECTED,
 )
 
-# Rows that disagree with the records: missing, wrong, or of a record not current.
+# Records whose row disagrees with the records: missing, wrong, or of one not current.
 DISAGREEING = f"""
-SELECT (SELECT count(*) FROM ({EXPECTED}) e LEFT JOIN neighbours n ON n.seq = e.seq
-        WHERE n.seq IS NULL OR n.before IS NOT e.before OR n.before_id IS NOT e.before_id
-        OR n.before_gap IS NOT e.before_gap OR n.after IS NOT e.after
-        OR n.after_id IS NOT e.after_id OR n.after_gap IS NOT e.after_gap)
-    + (SELECT count(*) FROM neighbours n LEFT JOIN records r ON r.seq = n.seq
-        WHERE r.seq IS NULL OR r.live = 0)
+WITH expected AS ({EXPECTED}), kept AS (SELECT * FROM neighbours)
+SELECT count(DISTINCT seq) FROM (
+    SELECT seq FROM (SELECT * FROM expected EXCEPT SELECT * FROM kept)
+    UNION ALL SELECT seq FROM (SELECT * FROM kept EXCEPT SELECT * FROM expected))
 """
 
 
