@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from memory_mcp.records import Record, format_time, utcnow
 from memory_mcp.write import new_id
+
+if TYPE_CHECKING:
+    from memory_mcp.storage.sqlite import SqliteStore
 
 
 def fact(
@@ -46,3 +51,18 @@ def unit(*values: float) -> np.ndarray:
 def hit_texts(result: object) -> set[str]:
     """The contents of a search result's hits."""
     return {hit.record.content for hit in result.hits}  # type: ignore[attr-defined]
+
+
+def behind_its_back(store: SqliteStore, *statements: str | tuple[str, Sequence[object]]) -> None:
+    """Run these statements (SQL, or SQL and its parameters) on another connection to the
+    store's file and commit them: another program's write, or damage, as the store meets
+    it. (Not stdlib ``sqlite3``: its library in the same process would drop the store's
+    locks.)"""
+    conn = store.driver.connect(str(store.path), busy_timeout_ms=5000)
+    try:
+        for statement in statements:
+            sql, params = (statement, ()) if isinstance(statement, str) else statement
+            conn.execute(sql, params)
+        conn.commit()
+    finally:
+        conn.close()

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from helpers.records import fact
+from helpers.records import behind_its_back, fact
 from memory_mcp.records import format_time, utcnow
 from memory_mcp.storage.sqlite import SqliteStore, neighbours
 from memory_mcp.storage.sqlite.doctor import diagnose
@@ -120,14 +120,12 @@ async def test_doctor_finds_neighbours_out_of_step_and_makes_them_again(tmp_path
                 await tx.insert(r, None)
             await tx.archive(records[4].id, "stale", format_time(utcnow()))
         assert (await diagnose(store)).healthy
-        raw = store.driver.connect(str(tmp_path / "m.db"), busy_timeout_ms=5000)
-        raw.execute("DELETE FROM neighbours WHERE seq = (SELECT min(seq) FROM records)")
-        raw.execute(
-            "UPDATE neighbours SET after_gap = 99 WHERE seq = (SELECT min(seq) + 1 FROM records)"
+        behind_its_back(
+            store,
+            "DELETE FROM neighbours WHERE seq = (SELECT min(seq) FROM records)",
+            "UPDATE neighbours SET after_gap = 99 WHERE seq = (SELECT min(seq) + 1 FROM records)",
+            "INSERT INTO neighbours (seq) SELECT max(seq) FROM records",  # not current
         )
-        raw.execute("INSERT INTO neighbours (seq) SELECT max(seq) FROM records")  # not current
-        raw.commit()
-        raw.close()
         found = await diagnose(store)
         check = next(c for c in found.checks if c.name == "neighbours in time")
         assert check.problems == ["3 records' neighbours in time disagree with the records"]

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from helpers.records import fact
+from helpers.records import behind_its_back, fact
 from memory_mcp.records import format_time, utcnow
 from memory_mcp.storage import bm25
 from memory_mcp.storage.base import Filters
@@ -162,10 +162,9 @@ async def test_a_write_from_another_program_is_indexed_by_the_next_transaction(
         r = fact("Backups run at midnight")
         async with store.write() as tx:
             await tx.insert(r, None)
-        conn = store.driver.connect(str(tmp_path / "m.db"), busy_timeout_ms=5000)
-        conn.execute("UPDATE records SET content = 'Backups run at noon' WHERE id = ?", [r.id])
-        conn.commit()
-        conn.close()
+        behind_its_back(
+            store, ("UPDATE records SET content = 'Backups run at noon' WHERE id = ?", [r.id])
+        )
         async with store.write():
             pass
         await in_step(store)
@@ -182,14 +181,12 @@ async def test_doctor_finds_postings_out_of_step_and_makes_them_again(tmp_path: 
             for r in records:
                 await tx.insert(r, None)
         assert (await diagnose(store)).healthy
-        raw = store.driver.connect(str(tmp_path / "m.db"), busy_timeout_ms=5000)
-        raw.execute("DELETE FROM postings WHERE seq = (SELECT min(seq) FROM records)")
-        raw.execute("UPDATE postings SET list = 999 WHERE seq = (SELECT max(seq) FROM records)")
-        raw.execute(
-            "UPDATE postings SET kind = 'gotcha' WHERE seq = (SELECT min(seq) + 1 FROM records)"
+        behind_its_back(
+            store,
+            "DELETE FROM postings WHERE seq = (SELECT min(seq) FROM records)",
+            "UPDATE postings SET list = 999 WHERE seq = (SELECT max(seq) FROM records)",
+            "UPDATE postings SET kind = 'gotcha' WHERE seq = (SELECT min(seq) + 1 FROM records)",
         )
-        raw.commit()
-        raw.close()
         found = await diagnose(store)
         check = next(c for c in found.checks if c.name == "word postings")
         assert len(check.problems) == 3 and not found.healthy
@@ -365,10 +362,9 @@ async def test_word_counts_are_counted_again_after_another_programs_write(
             for n in range(5):
                 await tx.insert(fact(f"deploy worker {n}"), None)
         await _counts(store, COUNTED)
-        conn = store.driver.connect(str(tmp_path / "m.db"), busy_timeout_ms=5000)
-        conn.execute("UPDATE records SET content = 'zebra cache' WHERE content = 'deploy worker 0'")
-        conn.commit()
-        conn.close()
+        behind_its_back(
+            store, "UPDATE records SET content = 'zebra cache' WHERE content = 'deploy worker 0'"
+        )
         async with store.write() as tx:  # this one's own change follows the other's
             await tx.insert(fact("deploy zebra"), None)
         held, ran = await _counts(store, COUNTED)
