@@ -269,6 +269,25 @@ async def test_bad_search_arguments_say_what_to_change(
         await memory.search(cwd=project, **kwargs)  # type: ignore[arg-type]
 
 
+async def test_a_bad_scope_fails_before_the_model_embeds_the_query(
+    tmp_path: Path, storage_url: str, project: Path
+) -> None:
+    # The query's embedding starts while the scope's keys are read: a scope that
+    # cannot be read must not cost it.
+    settings, database = store_place(tmp_path, storage_url, "s")
+    model = FakeEmbedder()
+    async with MemoryService.open(
+        settings, database=database, embedder=model, wait_for_embedder=10
+    ) as memory:
+        await memory.store("The cache TTL is 5 minutes", cwd=project)
+        before = model.calls
+        with pytest.raises(InvalidInput, match="scope must be"):
+            await memory.search("cache", cwd=project, scope="session")  # type: ignore[arg-type]
+        assert model.calls == before
+        assert (await memory.search("cache TTL", cwd=project, scope="project")).hits
+        assert model.calls == before + 1
+
+
 async def test_forget_archives_reversibly_and_refuses_unknown_ids(
     memory: MemoryService, project: Path
 ) -> None:

@@ -45,6 +45,14 @@ log = logging.getLogger(__name__)
 
 Clock = Callable[[], datetime]
 SearchScope = Literal["project", "global", "all"]
+
+
+def check_scope(scope: str) -> None:
+    """Raise ``InvalidInput`` unless ``scope`` is a ``SearchScope``."""
+    if scope not in ("project", "global", "all"):
+        raise InvalidInput(f"scope must be 'project', 'global' or 'all', got {scope!r}")
+
+
 # Records per embedding call when embedding stored records: small, so that a search
 # waiting for the model (one call at a time) waits ~0.1 s, not the 0.8 s of 64 passages.
 EMBED_BATCH = 8
@@ -212,10 +220,9 @@ class Engine:
     async def scope_keys(self, scope: SearchScope, cwd: str | Path | None) -> tuple[str, ...]:
         """The scope keys a search reads: the project's (with its aliases), the global
         one, or both."""
+        check_scope(scope)
         if scope == "global":
             return (GLOBAL_KEY,)
-        if scope not in ("project", "all"):
-            raise InvalidInput(f"scope must be 'project', 'global' or 'all', got {scope!r}")
         keys = (await self.project(cwd)).keys
         return keys if scope == "project" else (*keys, GLOBAL_KEY)
 
