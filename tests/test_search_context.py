@@ -13,7 +13,7 @@ from helpers.storage import store_place
 from memory_mcp.config import Settings, replaced
 from memory_mcp.embedders.base import FakeEmbedder
 from memory_mcp.service import MemoryService, StoreRequest
-from memory_mcp.storage.base import Around
+from memory_mcp.storage.base import Around, Filters
 from memory_mcp.write import prepare
 
 pytestmark = pytest.mark.anyio
@@ -117,6 +117,40 @@ async def test_neighbours_in_time_stay_in_their_project_and_skip_what_is_gone(
     alone = await memory.engine.store.in_conversation([ids["question"]], 0, embedder)
     assert _neighbours(alone, ids) == {"question": []}
     assert await memory.engine.store.in_conversation([ids["question"]], within, "other:model") == {}
+
+
+async def test_the_candidates_trip_reads_their_conversations_as_in_conversation_does(
+    memory: MemoryService, project: Path, storage_url: str
+) -> None:
+    """``nearest_around`` gives what ``nearest_with_scores`` and ``in_conversation`` give
+    apart; SQLite, on its copy of the vectors, reads both in one trip."""
+    ids = await _conversation(memory, project)
+    store = memory.engine.store
+    embedder = memory.engine.embeddings.identity
+    assert embedder is not None
+    keys = await memory.engine.scope_keys("project", project)
+    filters = Filters(scope_keys=keys, corpora=("facts",))
+    await store.load_vectors(embedder, keys)
+    query = FakeEmbedder().embed([QUERY])[0]
+    within = 30 * 60.0
+    asked = [ids["later"], ids["earlier"], "no-such-id"]
+    near, scores, around = await store.nearest_around(query, embedder, filters, 2, asked, within)
+    assert (near, scores) == await store.nearest_with_scores(query, embedder, filters, 2, asked)
+    found = [*(s.record.id for s in near), *scores]
+    assert {ids["question"], ids["later"], ids["earlier"]} <= set(found)
+    if not storage_url:
+        assert around is not None
+    if around is not None:
+        apart = await store.in_conversation(found, within, embedder)
+        assert list(around) == list(apart)
+        for rid, both in around.items():
+            assert np.array_equal(both.vector, apart[rid].vector)
+            assert both.neighbours.keys() == apart[rid].neighbours.keys()
+            for other, vector in both.neighbours.items():
+                assert np.array_equal(vector, apart[rid].neighbours[other])
+        assert _neighbours(around, ids)["question"] == ["reply"]
+    unread = await store.nearest_around(query, embedder, filters, 2, asked, None)
+    assert unread == (near, scores, None)
 
 
 async def test_a_neighbour_in_time_without_a_vector_is_left_out(

@@ -277,6 +277,24 @@ class Neighbours(Protocol):
 class SearchBranches(Neighbours, Protocol):
     """What a search reads besides the two branches' candidates."""
 
+    async def nearest_around(
+        self,
+        vector: Vector,
+        embedder: str,
+        filters: Filters,
+        k: int,
+        record_ids: Sequence[str],
+        within_seconds: float | None,
+        *,
+        probes: int | None = None,
+        ahead: object | None = None,
+    ) -> tuple[list[Scored], dict[str, float], dict[str, Around] | None]:
+        """``nearest_with_scores``, and unless ``within_seconds`` is None, the
+        ``in_conversation`` of every record either part found (the near ones and the
+        scored ``record_ids``), where the backend reads it in the same trip; None
+        where it does not (the caller asks ``in_conversation``)."""
+        ...
+
     async def in_conversation(
         self, record_ids: Sequence[str], within_seconds: float, embedder: str
     ) -> dict[str, Around]:

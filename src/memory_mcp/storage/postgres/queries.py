@@ -180,6 +180,25 @@ class Queries:
         )
         return near, scores
 
+    async def nearest_around(
+        self,
+        vector: Vector,
+        embedder: str,
+        filters: Filters,
+        k: int,
+        record_ids: Sequence[str],
+        within_seconds: float | None,
+        *,
+        probes: int | None = None,
+        ahead: object | None = None,
+    ) -> tuple[list[Scored], dict[str, float], dict[str, Around] | None]:
+        """``nearest_with_scores``; the records' neighbours in time are not read with them
+        (None: ``in_conversation`` reads them, once the candidates are known)."""
+        near, scores = await self.nearest_with_scores(
+            vector, embedder, filters, k, record_ids, probes=probes, ahead=ahead
+        )
+        return near, scores, None
+
     async def dense_scores(
         self, vector: Vector, embedder: str, record_ids: Sequence[str]
     ) -> dict[str, float]:

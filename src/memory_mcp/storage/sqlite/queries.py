@@ -134,6 +134,89 @@ def cosines_by_id(
     return best_of(held, {int(seq): str(i) for seq, i, *_ in slots})
 
 
+_Found = tuple[list[tuple[Any, float]], dict[str, float], dict[str, Around] | None]
+# Each candidate's neighbours in time (``in_conversation``), by record id and seq.
+_Conversations = dict[str, tuple[int, list[tuple[str, int]]]]
+
+
+def around_rows(
+    conn: sqlite3.Connection,
+    index: DenseIndex,
+    table: str,
+    record_ids: Sequence[str],
+    within_seconds: float,
+    embedder: str,
+) -> dict[str, Around]:
+    """``Queries.in_conversation`` on the reader's thread, the vectors read from a current
+    copy (``index``, held), in the trip that found the records (``nearest_around``)."""
+    if not record_ids:
+        return {}
+    rows = conn.execute(*_neighbours_query(record_ids, within_seconds, embedder)).fetchall()
+    if not rows:
+        return {}
+    found, rowids = _conversations(rows)
+    rowid, vectors = index.vectors_of(rowids)
+    vector_of = dict(zip((rowid // MAX_PASSAGES).tolist(), vectors, strict=True))
+    rest = [r for r in rowids if owner_of(r) not in vector_of]
+    if rest:
+        vector_of.update(_vec0_vectors(conn.execute(*_vec0_query(table, rest)).fetchall()))
+    return _arounds(found, vector_of)
+
+
+def _neighbours_query(
+    record_ids: Sequence[str], within_seconds: float, embedder: str
+) -> tuple[str, list[Any]]:
+    near = [within_seconds] * 2 if within_seconds > 0 else []
+    return neighbours_sql(record_ids, bool(near)), [*near, *record_ids, embedder]
+
+
+def _conversations(rows: list[Any]) -> tuple[_Conversations, list[int]]:
+    """``neighbours_sql``'s rows by record id (its seq, its neighbours' ids and seqs), and
+    the rowids of every whole text among them (``rowids_of``), in order.
+
+    A neighbour comes as "seq:id", and rowids are made in place: a search reads a
+    hundred candidates with twice as many neighbours, and a JSON array and a call
+    for each made its read-around 3.7 ms at 50,000 memories, 3.4 without.
+    """
+    found: _Conversations = {}
+    for record_id, seq, *around in rows:
+        others = [value.partition(":") for value in around if value]
+        found[str(record_id)] = (int(seq), [(i, int(q)) for q, _, i in others])
+    seqs = {seq for seq, _ in found.values()}
+    seqs.update(q for _, others in found.values() for _, q in others)
+    return found, [seq * MAX_PASSAGES for seq in sorted(seqs)]
+
+
+def _arounds(found: _Conversations, vector_of: Mapping[int, Vector]) -> dict[str, Around]:
+    """Each record with a vector, with those of its neighbours that have one (by seq)."""
+    return {
+        record_id: Around(vector_of[seq], {i: vector_of[q] for i, q in others if q in vector_of})
+        for record_id, (seq, others) in found.items()
+        if seq in vector_of
+    }
+
+
+def _vec0_query(table: str, rowids: Sequence[int]) -> tuple[str, list[Any]]:
+    """These vec0 rows, by rowid in the order asked, with their vectors."""
+    # A join on rowid is a point lookup in vec0 (a range or IN list is a full scan).
+    return (
+        f"SELECT j.value, v.embedding FROM json_each(?) j "
+        f"JOIN {table} v ON v.rowid = j.value ORDER BY j.key",
+        [json.dumps(list(rowids))],
+    )
+
+
+def _blob_vector(blob: bytes) -> Vector:
+    import numpy as np
+
+    return np.frombuffer(bytes(blob), dtype=np.float32)
+
+
+def _vec0_vectors(rows: list[Any]) -> dict[int, Vector]:
+    """``_vec0_query``'s rows as vectors by their records' seq (whole texts: one a record)."""
+    return {owner_of(int(r)): _blob_vector(blob) for r, blob in rows}
+
+
 def lexical_rows(
     conn: sqlite3.Connection,
     held: Mapping[str, int],
@@ -400,29 +483,50 @@ class Queries:
         to the reader's thread for both, in the ``probes`` clusters nearest
         (``NEIGHBOUR_PROBES`` unless given), ranked already if ``ahead`` (from
         ``SqliteStore.rank_ahead``) still holds."""
+        near, scores, _ = await self.nearest_around(
+            vector, embedder, filters, k, record_ids, None, probes=probes, ahead=ahead
+        )
+        return near, scores
+
+    async def nearest_around(
+        self,
+        vector: Vector,
+        embedder: str,
+        filters: Filters,
+        k: int,
+        record_ids: Sequence[str],
+        within_seconds: float | None,
+        *,
+        probes: int | None = None,
+        ahead: object | None = None,
+    ) -> tuple[list[Scored], dict[str, float], dict[str, Around] | None]:
+        """``nearest_with_scores``, and unless ``within_seconds`` is None, the
+        ``in_conversation`` of every record either found, in the same trip to the
+        reader's thread (None: not read; off a current copy, it is not)."""
         table = await self._store._vector_table(self._conn, embedder)
         if table is not None and filters.scope_keys and self._reads_committed():
             from memory_mcp.storage.sqlite.dense import Ahead
 
             ranked = ahead if isinstance(ahead, Ahead) else None
 
-            def both(
-                conn: sqlite3.Connection, index: DenseIndex
-            ) -> tuple[list[tuple[Any, float]], dict[str, float]] | None:
+            def both(conn: sqlite3.Connection, index: DenseIndex) -> _Found | None:
                 scores = cosines_by_id(conn, index, vector, embedder, record_ids)
                 if scores is None:
                     return None
                 near = nearest_rows(
                     conn, index, vector, filters, k, probes or NEIGHBOUR_PROBES, ranked
                 )
-                return near, scores
+                if within_seconds is None:
+                    return near, scores, None
+                ids = list(dict.fromkeys([*(str(row[0]) for row, _ in near), *scores]))
+                return near, scores, around_rows(conn, index, table, ids, within_seconds, embedder)
 
             found = await self._store._on_copy(table, filters.scope_keys, both)
             if found is not None:
-                rows, scores = found
-                return [Scored(record_of(row), score) for row, score in rows], scores
+                rows, scores, around = found
+                return [Scored(record_of(row), score) for row, score in rows], scores, around
         near = await self.nearest(vector, embedder, filters, k)
-        return near, await self.dense_scores(vector, embedder, record_ids)
+        return near, await self.dense_scores(vector, embedder, record_ids), None
 
     async def dense_scores(
         self, vector: Vector, embedder: str, record_ids: Sequence[str]
@@ -469,23 +573,10 @@ class Queries:
         table = await self._store._vector_table(self._conn, embedder)
         if table is None or not record_ids:
             return {}
-        near = [within_seconds] * 2 if within_seconds > 0 else []
-        rows = await self.fetch(
-            neighbours_sql(record_ids, bool(near)), [*near, *record_ids, embedder]
-        )
+        rows = await self.fetch(*_neighbours_query(record_ids, within_seconds, embedder))
         if not rows:
             return {}
-        # A neighbour comes as "seq:id", and rowids are made in place: a search reads a
-        # hundred candidates with twice as many neighbours, and a JSON array and a call
-        # for each made its read-around 3.7 ms at 50,000 memories, 3.4 without.
-        found: dict[str, tuple[int, list[tuple[str, int]]]] = {}
-        for record_id, seq, *around in rows:
-            others = [value.partition(":") for value in around if value]
-            found[str(record_id)] = (int(seq), [(i, int(q)) for q, _, i in others])
-        seqs = {seq for seq, _ in found.values()}
-        seqs.update(q for _, others in found.values() for _, q in others)
-        order = sorted(seqs)
-        rowids = [seq * MAX_PASSAGES for seq in order]  # each whole text's (``rowids_of``)
+        found, rowids = _conversations(rows)
         rowid, vectors = await self._store._vectors(table, rowids)
         own = await self._own_writes()
         vector_of = {
@@ -493,30 +584,18 @@ class Queries:
             for seq, vector in zip((rowid // MAX_PASSAGES).tolist(), vectors, strict=True)
             if seq not in own
         }
-        rest = [r for seq, r in zip(order, rowids, strict=True) if seq not in vector_of]
-        for r, vector in (await self._vectors_vec0(table, rest)).items():
-            vector_of[owner_of(r)] = vector
-        return {
-            record_id: Around(
-                vector_of[seq], {i: vector_of[q] for i, q in others if q in vector_of}
-            )
-            for record_id, (seq, others) in found.items()
-            if seq in vector_of
-        }
+        rest = [r for r in rowids if owner_of(r) not in vector_of]
+        if rest:
+            held = await self.fetch(*_vec0_query(table, rest))
+            vector_of.update(_vec0_vectors(held))
+        return _arounds(found, vector_of)
 
     async def _vectors_vec0(self, table: str, rowids: Sequence[int]) -> dict[int, Vector]:
         """These vec0 rows' vectors, by rowid (in the order asked), read from vec0."""
-        import numpy as np
-
         if not rowids:
             return {}
-        # A join on rowid is a point lookup in vec0 (a range or IN list is a full scan).
-        rows = await self.fetch(
-            f"SELECT j.value, v.embedding FROM json_each(?) j "
-            f"JOIN {table} v ON v.rowid = j.value ORDER BY j.key",
-            [json.dumps(list(rowids))],
-        )
-        return {int(r): np.frombuffer(bytes(blob), dtype=np.float32) for r, blob in rows}
+        rows = await self.fetch(*_vec0_query(table, rowids))
+        return {int(r): _blob_vector(blob) for r, blob in rows}
 
     async def _own_writes(self) -> Collection[int]:
         """Records whose vectors this connection wrote and has not committed."""

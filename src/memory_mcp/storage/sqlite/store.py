@@ -384,6 +384,22 @@ class SqliteStore(VectorTables, UpkeepReads):
             vector, embedder, filters, k, record_ids, probes=probes, ahead=ahead
         )
 
+    async def nearest_around(
+        self,
+        vector: Vector,
+        embedder: str,
+        filters: Filters,
+        k: int,
+        record_ids: Sequence[str],
+        within_seconds: float | None,
+        *,
+        probes: int | None = None,
+        ahead: object | None = None,
+    ) -> tuple[list[Scored], dict[str, float], dict[str, Around] | None]:
+        return await self.reads.nearest_around(
+            vector, embedder, filters, k, record_ids, within_seconds, probes=probes, ahead=ahead
+        )
+
     async def in_conversation(
         self, record_ids: Sequence[str], within_seconds: float, embedder: str
     ) -> dict[str, Around]:
