@@ -12,6 +12,7 @@ import pytest
 from helpers.storage import store_place
 from memory_mcp.config import Settings, replaced
 from memory_mcp.embedders.base import FakeEmbedder
+from memory_mcp.records import Conflict, format_time
 from memory_mcp.service import MemoryService, StoreRequest
 from memory_mcp.storage.base import Around, Filters
 from memory_mcp.write import prepare
@@ -119,38 +120,83 @@ async def test_neighbours_in_time_stay_in_their_project_and_skip_what_is_gone(
     assert await memory.engine.store.in_conversation([ids["question"]], within, "other:model") == {}
 
 
-async def test_the_candidates_trip_reads_their_conversations_as_in_conversation_does(
+async def test_the_candidates_trip_reads_what_the_search_reads_next_as_apart(
     memory: MemoryService, project: Path, storage_url: str
 ) -> None:
-    """``nearest_around`` gives what ``nearest_with_scores`` and ``in_conversation`` give
-    apart; SQLite, on its copy of the vectors, reads both in one trip."""
+    """``candidate_reads`` gives what ``nearest_with_scores``, ``in_conversation`` and
+    ``open_conflicts_of`` give apart; SQLite, on its copy of the vectors, reads them
+    all in one trip."""
     ids = await _conversation(memory, project)
     store = memory.engine.store
     embedder = memory.engine.embeddings.identity
     assert embedder is not None
     keys = await memory.engine.scope_keys("project", project)
+    async with store.write() as tx:
+        await tx.add_conflict(keys[0], ids["later"], ids["earlier"], "test", format_time(T0))
+        await tx.add_conflict(keys[0], ids["reply"], "f_elsewhere", "test", format_time(T0))
     filters = Filters(scope_keys=keys, corpora=("facts",))
     await store.load_vectors(embedder, keys)
     query = FakeEmbedder().embed([QUERY])[0]
     within = 30 * 60.0
     asked = [ids["later"], ids["earlier"], "no-such-id"]
-    near, scores, around = await store.nearest_around(query, embedder, filters, 2, asked, within)
-    assert (near, scores) == await store.nearest_with_scores(query, embedder, filters, 2, asked)
-    found = [*(s.record.id for s in near), *scores]
+    read = await store.candidate_reads(
+        query, embedder, filters, 2, asked, within_seconds=within, conflicts=True
+    )
+    assert (read.near, read.scores) == await store.nearest_with_scores(
+        query, embedder, filters, 2, asked
+    )
+    found = [*(s.record.id for s in read.near), *read.scores]
     assert {ids["question"], ids["later"], ids["earlier"]} <= set(found)
     if not storage_url:
-        assert around is not None
-    if around is not None:
+        assert read.around is not None and read.conflicts is not None
+    if read.around is not None:
         apart = await store.in_conversation(found, within, embedder)
-        assert list(around) == list(apart)
-        for rid, both in around.items():
+        assert list(read.around) == list(apart)
+        for rid, both in read.around.items():
             assert np.array_equal(both.vector, apart[rid].vector)
             assert both.neighbours.keys() == apart[rid].neighbours.keys()
             for other, vector in both.neighbours.items():
                 assert np.array_equal(vector, apart[rid].neighbours[other])
-        assert _neighbours(around, ids)["question"] == ["reply"]
-    unread = await store.nearest_around(query, embedder, filters, 2, asked, None)
-    assert unread == (near, scores, None)
+        assert _neighbours(read.around, ids)["question"] == ["reply"]
+    if read.conflicts is not None:
+        everyone = list(dict.fromkeys([*(s.record.id for s in read.near), *asked]))
+        assert read.conflicts == await store.open_conflicts_of(everyone)
+        assert len(read.conflicts) == 1 + (ids["reply"] in everyone)
+    unread = await store.candidate_reads(query, embedder, filters, 2, asked)
+    assert (unread.near, unread.scores, unread.around, unread.conflicts) == (
+        read.near,
+        read.scores,
+        None,
+        None,
+    )
+
+
+async def test_a_hit_in_a_conflict_shows_it_read_with_the_candidates(
+    memory: MemoryService, project: Path, storage_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The conflict a hit is in comes with it: read in the candidates' trip on SQLite (no
+    read of its own), apart on Postgres."""
+    ids = await _conversation(memory, project)
+    store = memory.engine.store
+    keys = await memory.engine.scope_keys("project", project)
+    await memory.search(QUERY, cwd=project)  # the copy holds the searched scopes now
+    async with store.write() as tx:
+        number = await tx.add_conflict(
+            keys[0], ids["question"], ids["earlier"], "test", format_time(T0)
+        )
+    apart: list[list[str]] = []
+    read_apart = store.open_conflicts_of
+
+    async def counted(record_ids: list[str]) -> list[Conflict]:
+        apart.append(list(record_ids))
+        return await read_apart(record_ids)
+
+    monkeypatch.setattr(store, "open_conflicts_of", counted)
+    hits = (await memory.search(QUERY, cwd=project)).hits
+    assert [h.record.id for h in hits] == [ids["question"]]
+    assert hits[0].notes["conflict"]["id"] == number
+    assert hits[0].notes["conflict"]["with"]["id"] == ids["earlier"]
+    assert (apart == []) == (not storage_url)
 
 
 async def test_a_neighbour_in_time_without_a_vector_is_left_out(

@@ -29,13 +29,13 @@ over every corpus, so every hit's relevance and score is on the same scale.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from memory_mcp import ranker
 from memory_mcp.lexical import stems
-from memory_mcp.records import Hit, Record
+from memory_mcp.records import Conflict, Hit, Record
 from memory_mcp.secret_scan import redact_text
 from memory_mcp.storage.base import IVF_PROBES, Around, Filters, Scored, Store, Vector
 
@@ -66,9 +66,13 @@ class Candidates:
     # The best cosine (own or in context) with the query refined by feedback.
     feedback: dict[str, float] = field(default_factory=dict)
     # What ``read_around`` reads: each record's vector with its neighbours', read in
-    # the trip that found it (``Store.nearest_around``), and which records were asked.
+    # the trip that found it (``Store.candidate_reads``), and which records were asked.
     around: dict[str, Around] = field(default_factory=dict)
     around_read: set[str] = field(default_factory=set)
+    # The open conflicts of the records, read in that trip too, by id (a search notes
+    # them on its hits), and which records they were read for.
+    conflicts: dict[int, Conflict] = field(default_factory=dict)
+    conflicts_read: set[str] = field(default_factory=set)
 
     def update(self, other: Candidates) -> None:
         """Add another branch's candidates (a record found twice keeps its best scores).
@@ -79,10 +83,22 @@ class Candidates:
         self.records.update(other.records)
         self.around.update(other.around)
         self.around_read.update(other.around_read)
+        self.conflicts.update(other.conflicts)
+        self.conflicts_read.update(other.conflicts_read)
         pairs = ((self.bm25, other.bm25), (self.cosine, other.cosine))
         for mine, theirs in (*pairs, (self.coverage, other.coverage)):
             for rid, value in theirs.items():
                 mine[rid] = max(value, mine.get(rid, value))
+
+    def open_conflicts(self, record_ids: Collection[str]) -> list[Conflict] | None:
+        """The open conflicts any of ``record_ids`` is in, oldest first, as read with the
+        candidates; None: not read for all of them."""
+        if not set(record_ids) <= self.conflicts_read:
+            return None
+        ids = set(record_ids)
+        return [
+            c for _, c in sorted(self.conflicts.items()) if c.record_id in ids or c.other_id in ids
+        ]
 
 
 async def candidates(
@@ -107,21 +123,27 @@ async def candidates(
         found.bm25[item.record.id] = item.score
     if query_vector is None or embedder is None:
         return found
-    # The lexical candidates' cosines in the same read, and what ``read_around`` reads of
-    # every candidate with a vector: one trip to the store for all three.
-    near, scores, around = await store.nearest_around(
+    # The lexical candidates' cosines in the same read, what ``read_around`` reads of
+    # every candidate with a vector, and the candidates' open conflicts: one trip to the
+    # store where it can.
+    read = await store.candidate_reads(
         query_vector,
         embedder,
         filters,
         plan.candidates,
         list(found.bm25),
-        plan.context_seconds if _reads_around(plan) else None,
+        within_seconds=plan.context_seconds if _reads_around(plan) else None,
+        conflicts=True,
         probes=IVF_PROBES,
         ahead=ahead,
     )
-    if around is not None:
-        found.around = around
+    near, scores = read.near, read.scores
+    if read.around is not None:
+        found.around = read.around
         found.around_read = {item.record.id for item in near} | set(scores)
+    if read.conflicts is not None:
+        found.conflicts = {c.id: c for c in read.conflicts}
+        found.conflicts_read = {item.record.id for item in near} | set(found.bm25)
     for item in near:
         found.records[item.record.id] = item.record
         found.cosine[item.record.id] = item.score
@@ -169,7 +191,7 @@ async def read_around(
     second time with my sister"): its own vector misses the question's subject,
     which its neighbour in time holds. Each candidate is also read together with
     the record written just before and just after it (``in_conversation``; read in
-    the trip that found the candidates where the backend can, ``nearest_around``:
+    the trip that found the candidates where the backend can, ``candidate_reads``:
     0.23 ms of a search at 200,000 memories, 0.33 at 50,000), as the
     mean of the two whole-text vectors (``unit(v + w)``; mean pooling makes that
     close to embedding the two texts together, and no text is embedded twice).

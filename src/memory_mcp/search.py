@@ -128,7 +128,7 @@ async def search(
         plan=engine.plan,
         min_relevance=min_relevance,
     )
-    await _annotate(engine, hits)
+    await _annotate(engine, hits, found)
     if count_access:
         await _count_access(engine, hits, at)
     return SearchResult(hits=hits, mode=_mode(query_vector), warnings=warnings)
@@ -157,7 +157,7 @@ async def project_search(
     query_vector, found, warnings = await _fan_out(engine, text, cwd, branches)
     at = engine.clock()
     hits = fuse(found, dense=query_vector is not None, limit=limit, now=at, plan=engine.plan)
-    await _annotate(engine, hits)
+    await _annotate(engine, hits, found)
     await _count_access(engine, hits, at)
     return SearchResult(hits=hits, mode=_mode(query_vector), warnings=warnings)
 
@@ -224,7 +224,7 @@ async def unified_search(
     ]
     kept.sort(key=lambda h: (-round(h.score, 4), SOURCE_OF_CORPUS[h.record.corpus], h.record.id))
     kept = kept[:limit]
-    await _annotate(engine, kept)
+    await _annotate(engine, kept, found)
     await _count_access(engine, kept, at)
     results = [_unified_item(shown(h) if engine.redacts else h) for h in kept]
     return UnifiedResult(results=results, warnings=warnings, mode=_mode(query_vector))
@@ -339,21 +339,25 @@ async def _fan_out(
     return query_vector, found, [*warnings, *sorted(failures)]
 
 
-async def _annotate(engine: Engine, hits: Sequence[Hit]) -> None:
-    """Note on each hit the older value it supersedes and the open conflict it is in.
+async def _annotate(engine: Engine, hits: Sequence[Hit], found: Candidates) -> None:
+    """Note on each hit the older value it supersedes and the open conflict it is in
+    (read with the candidates where the store could: ``Candidates.open_conflicts``).
 
     A reader must not take a replaced value for the current one, nor act on
     one side of a contradiction without seeing the other.
     """
     if not hits:
         return
-    conflicts = await engine.store.open_conflicts_of([h.record.id for h in hits])
+    ids = [h.record.id for h in hits]
+    conflicts = found.open_conflicts(ids)
+    if conflicts is None:
+        conflicts = await engine.store.open_conflicts_of(ids)
     older = {h.record.id: h.record.supersedes[-1] for h in hits if h.record.supersedes}
     sides = {i for c in conflicts for i in (c.record_id, c.other_id)}
-    found = await engine.store.get_many([*older.values(), *sides])
+    read = await engine.store.get_many([*older.values(), *sides])
     if engine.redacts:  # the other record's text is shown too
-        found = [shown_record(record) for record in found]
-    related = {r.id: r for r in found}
+        read = [shown_record(record) for record in read]
+    related = {r.id: r for r in read}
     for hit in hits:
         replaced = related.get(older.get(hit.record.id, ""))
         if replaced is not None:

@@ -105,6 +105,16 @@ class Around:
 
 
 @dataclass
+class CandidateReads:
+    """What a search reads of its candidates in one trip (``candidate_reads``)."""
+
+    near: list[Scored]  # the nearest records, best first
+    scores: dict[str, float]  # the asked records' cosines
+    around: dict[str, Around] | None = None  # None: not read
+    conflicts: list[Conflict] | None = None  # None: not read
+
+
+@dataclass
 class StoreStats:
     """Counts for ``status``."""
 
@@ -277,22 +287,24 @@ class Neighbours(Protocol):
 class SearchBranches(Neighbours, Protocol):
     """What a search reads besides the two branches' candidates."""
 
-    async def nearest_around(
+    async def candidate_reads(
         self,
         vector: Vector,
         embedder: str,
         filters: Filters,
         k: int,
         record_ids: Sequence[str],
-        within_seconds: float | None,
         *,
+        within_seconds: float | None = None,
+        conflicts: bool = False,
         probes: int | None = None,
         ahead: object | None = None,
-    ) -> tuple[list[Scored], dict[str, float], dict[str, Around] | None]:
-        """``nearest_with_scores``, and unless ``within_seconds`` is None, the
-        ``in_conversation`` of every record either part found (the near ones and the
-        scored ``record_ids``), where the backend reads it in the same trip; None
-        where it does not (the caller asks ``in_conversation``)."""
+    ) -> CandidateReads:
+        """``nearest_with_scores``, with what a search reads next of the records it found
+        and of ``record_ids``, in the same trip where the backend can (None where it
+        does not: the caller asks): unless ``within_seconds`` is None, the
+        ``in_conversation`` of those with vectors; if ``conflicts``, the open conflicts
+        any of them is in (``open_conflicts_of``)."""
         ...
 
     async def in_conversation(

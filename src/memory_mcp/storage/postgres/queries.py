@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from memory_mcp.lexical import query_terms, stem
 from memory_mcp.overlap import alongside
 from memory_mcp.records import Record
-from memory_mcp.storage.base import Around, Filters, Scored, Vector
+from memory_mcp.storage.base import Around, CandidateReads, Filters, Scored, Vector
 from memory_mcp.storage.bm25 import (
     COUNTS_TTL,
     TopPlan,
@@ -180,24 +180,25 @@ class Queries:
         )
         return near, scores
 
-    async def nearest_around(
+    async def candidate_reads(
         self,
         vector: Vector,
         embedder: str,
         filters: Filters,
         k: int,
         record_ids: Sequence[str],
-        within_seconds: float | None,
         *,
+        within_seconds: float | None = None,
+        conflicts: bool = False,
         probes: int | None = None,
         ahead: object | None = None,
-    ) -> tuple[list[Scored], dict[str, float], dict[str, Around] | None]:
-        """``nearest_with_scores``; the records' neighbours in time are not read with them
-        (None: ``in_conversation`` reads them, once the candidates are known)."""
+    ) -> CandidateReads:
+        """``nearest_with_scores``; the records' neighbours in time and open conflicts are
+        not read with them (None: the caller reads them once it knows what it needs)."""
         near, scores = await self.nearest_with_scores(
             vector, embedder, filters, k, record_ids, probes=probes, ahead=ahead
         )
-        return near, scores, None
+        return CandidateReads(near, scores)
 
     async def dense_scores(
         self, vector: Vector, embedder: str, record_ids: Sequence[str]

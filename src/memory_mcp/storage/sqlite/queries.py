@@ -13,8 +13,15 @@ import aiosqlite
 
 from memory_mcp.lexical import query_terms, stem
 from memory_mcp.passages import MAX_PASSAGES
-from memory_mcp.records import Record
-from memory_mcp.storage.base import NEIGHBOUR_PROBES, Around, Filters, Scored, Vector
+from memory_mcp.records import Conflict, Record
+from memory_mcp.storage.base import (
+    NEIGHBOUR_PROBES,
+    Around,
+    CandidateReads,
+    Filters,
+    Scored,
+    Vector,
+)
 from memory_mcp.storage.bm25 import TopPlan, deepest_rows, kept_per_walk, narrowed, rarest
 from memory_mcp.storage.sqlite import postings
 from memory_mcp.storage.sqlite.driver import OPERATIONAL_ERRORS, on_thread
@@ -25,6 +32,7 @@ from memory_mcp.storage.sqlite.sql import (
     filters_sql,
     hash_sql,
     marks,
+    open_conflicts_sql,
     passing_sql,
     record_of,
     slots_sql,
@@ -134,7 +142,9 @@ def cosines_by_id(
     return best_of(held, {int(seq): str(i) for seq, i, *_ in slots})
 
 
-_Found = tuple[list[tuple[Any, float]], dict[str, float], dict[str, Around] | None]
+_Found = tuple[
+    list[tuple[Any, float]], dict[str, float], dict[str, Around] | None, list[Conflict] | None
+]
 # Each candidate's neighbours in time (``in_conversation``), by record id and seq.
 _Conversations = dict[str, tuple[int, list[tuple[str, int]]]]
 
@@ -148,7 +158,7 @@ def around_rows(
     embedder: str,
 ) -> dict[str, Around]:
     """``Queries.in_conversation`` on the reader's thread, the vectors read from a current
-    copy (``index``, held), in the trip that found the records (``nearest_around``)."""
+    copy (``index``, held), in the trip that found the records (``candidate_reads``)."""
     if not record_ids:
         return {}
     rows = conn.execute(*_neighbours_query(record_ids, within_seconds, embedder)).fetchall()
@@ -483,50 +493,59 @@ class Queries:
         to the reader's thread for both, in the ``probes`` clusters nearest
         (``NEIGHBOUR_PROBES`` unless given), ranked already if ``ahead`` (from
         ``SqliteStore.rank_ahead``) still holds."""
-        near, scores, _ = await self.nearest_around(
-            vector, embedder, filters, k, record_ids, None, probes=probes, ahead=ahead
+        found = await self.candidate_reads(
+            vector, embedder, filters, k, record_ids, probes=probes, ahead=ahead
         )
-        return near, scores
+        return found.near, found.scores
 
-    async def nearest_around(
+    async def candidate_reads(
         self,
         vector: Vector,
         embedder: str,
         filters: Filters,
         k: int,
         record_ids: Sequence[str],
-        within_seconds: float | None,
         *,
+        within_seconds: float | None = None,
+        conflicts: bool = False,
         probes: int | None = None,
         ahead: object | None = None,
-    ) -> tuple[list[Scored], dict[str, float], dict[str, Around] | None]:
-        """``nearest_with_scores``, and unless ``within_seconds`` is None, the
-        ``in_conversation`` of every record either found, in the same trip to the
-        reader's thread (None: not read; off a current copy, it is not)."""
+    ) -> CandidateReads:
+        """``nearest_with_scores``, and what a search reads next of the records found and
+        of ``record_ids`` (their conversations unless ``within_seconds`` is None, their
+        open conflicts if ``conflicts``), on a current copy in the same trip to the
+        reader's thread; off one, those are not read (None)."""
         table = await self._store._vector_table(self._conn, embedder)
         if table is not None and filters.scope_keys and self._reads_committed():
             from memory_mcp.storage.sqlite.dense import Ahead
 
             ranked = ahead if isinstance(ahead, Ahead) else None
 
-            def both(conn: sqlite3.Connection, index: DenseIndex) -> _Found | None:
+            def read(conn: sqlite3.Connection, index: DenseIndex) -> _Found | None:
                 scores = cosines_by_id(conn, index, vector, embedder, record_ids)
                 if scores is None:
                     return None
                 near = nearest_rows(
                     conn, index, vector, filters, k, probes or NEIGHBOUR_PROBES, ranked
                 )
-                if within_seconds is None:
-                    return near, scores, None
-                ids = list(dict.fromkeys([*(str(row[0]) for row, _ in near), *scores]))
-                return near, scores, around_rows(conn, index, table, ids, within_seconds, embedder)
+                near_ids = [str(row[0]) for row, _ in near]
+                around = None
+                if within_seconds is not None:
+                    ids = list(dict.fromkeys([*near_ids, *scores]))
+                    around = around_rows(conn, index, table, ids, within_seconds, embedder)
+                held = None
+                if conflicts:
+                    ids = list(dict.fromkeys([*near_ids, *record_ids]))
+                    held = [Conflict(*row) for row in conn.execute(*open_conflicts_sql(ids))]
+                return near, scores, around, held
 
-            found = await self._store._on_copy(table, filters.scope_keys, both)
+            found = await self._store._on_copy(table, filters.scope_keys, read)
             if found is not None:
-                rows, scores, around = found
-                return [Scored(record_of(row), score) for row, score in rows], scores, around
+                rows, scores, around, held = found
+                near = [Scored(record_of(row), score) for row, score in rows]
+                return CandidateReads(near, scores, around, held)
         near = await self.nearest(vector, embedder, filters, k)
-        return near, await self.dense_scores(vector, embedder, record_ids), None
+        return CandidateReads(near, await self.dense_scores(vector, embedder, record_ids))
 
     async def dense_scores(
         self, vector: Vector, embedder: str, record_ids: Sequence[str]

@@ -136,6 +136,21 @@ def slots_sql(record_ids: Collection[str]) -> str:
     )
 
 
+CONFLICT_COLUMNS = "id, scope_key, record_id, other_id, reason, created_at, resolved_at, resolution"
+
+
+def conflicts_sql(where: str) -> str:
+    """The conflicts ``where`` says (``Conflict``'s columns), oldest first."""
+    return f"SELECT {CONFLICT_COLUMNS} FROM conflicts WHERE {where} ORDER BY id"
+
+
+def open_conflicts_sql(record_ids: Collection[str]) -> tuple[str, list[Any]]:
+    """The open conflicts that any of ``record_ids`` is part of, with its parameters."""
+    ids = marks(record_ids)
+    where = f"resolved_at IS NULL AND (record_id IN ({ids}) OR other_id IN ({ids}))"
+    return conflicts_sql(where), [*record_ids, *record_ids]
+
+
 def hash_sql(where: str) -> str:
     """Records with a given content hash, newest first.
 

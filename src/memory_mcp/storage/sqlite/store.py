@@ -25,6 +25,7 @@ from memory_mcp.records import Record, utcnow
 from memory_mcp.storage import rows
 from memory_mcp.storage.base import (
     Around,
+    CandidateReads,
     Diagnosis,
     Filters,
     RecordCount,
@@ -384,20 +385,29 @@ class SqliteStore(VectorTables, UpkeepReads):
             vector, embedder, filters, k, record_ids, probes=probes, ahead=ahead
         )
 
-    async def nearest_around(
+    async def candidate_reads(
         self,
         vector: Vector,
         embedder: str,
         filters: Filters,
         k: int,
         record_ids: Sequence[str],
-        within_seconds: float | None,
         *,
+        within_seconds: float | None = None,
+        conflicts: bool = False,
         probes: int | None = None,
         ahead: object | None = None,
-    ) -> tuple[list[Scored], dict[str, float], dict[str, Around] | None]:
-        return await self.reads.nearest_around(
-            vector, embedder, filters, k, record_ids, within_seconds, probes=probes, ahead=ahead
+    ) -> CandidateReads:
+        return await self.reads.candidate_reads(
+            vector,
+            embedder,
+            filters,
+            k,
+            record_ids,
+            within_seconds=within_seconds,
+            conflicts=conflicts,
+            probes=probes,
+            ahead=ahead,
         )
 
     async def in_conversation(

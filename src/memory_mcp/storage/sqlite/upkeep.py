@@ -8,7 +8,14 @@ from typing import TYPE_CHECKING, Any
 from memory_mcp.records import Conflict, Record
 from memory_mcp.storage.base import Position, ScopeAlias, TaskState
 from memory_mcp.storage.rows import TASK_COLUMNS, task_of
-from memory_mcp.storage.sqlite.sql import SELECT, marks, record_of, seq_of
+from memory_mcp.storage.sqlite.sql import (
+    SELECT,
+    conflicts_sql,
+    marks,
+    open_conflicts_sql,
+    record_of,
+    seq_of,
+)
 
 if TYPE_CHECKING:
     from memory_mcp.storage.sqlite.queries import Queries
@@ -29,20 +36,15 @@ class UpkeepReads:
         """The open conflicts that any of ``record_ids`` is part of, oldest first."""
         if not record_ids:
             return []
-        ids = marks(record_ids)
-        where = f"resolved_at IS NULL AND (record_id IN ({ids}) OR other_id IN ({ids}))"
-        return await self._conflicts(where, [*record_ids, *record_ids])
+        rows = await self.reads.fetch(*open_conflicts_sql(record_ids))
+        return [Conflict(*row) for row in rows]
 
     async def conflict(self, conflict_id: int) -> Conflict | None:
         found = await self._conflicts("id = ?", [conflict_id])
         return found[0] if found else None
 
     async def _conflicts(self, where: str, params: Sequence[Any]) -> list[Conflict]:
-        rows = await self.reads.fetch(
-            "SELECT id, scope_key, record_id, other_id, reason, created_at, resolved_at, "
-            f"resolution FROM conflicts WHERE {where} ORDER BY id",
-            params,
-        )
+        rows = await self.reads.fetch(conflicts_sql(where), params)
         return [Conflict(*row) for row in rows]
 
     async def archived(
