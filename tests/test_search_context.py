@@ -197,6 +197,10 @@ async def test_a_hit_in_a_conflict_shows_it_read_with_the_candidates(
     assert hits[0].notes["conflict"]["id"] == number
     assert hits[0].notes["conflict"]["with"]["id"] == ids["earlier"]
     assert (apart == []) == (not storage_url)
+    # project_search reads each corpus's candidates apart, and their conflicts with them
+    first = (await memory.project_search(QUERY, cwd=project)).hits[0]
+    assert first.record.id == ids["question"] and first.notes["conflict"]["id"] == number
+    assert (apart == []) == (not storage_url)
 
 
 async def test_a_neighbour_in_time_without_a_vector_is_left_out(

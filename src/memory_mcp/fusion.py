@@ -111,10 +111,13 @@ async def candidates(
     *,
     lexical: Sequence[Scored] | None = None,
     ahead: object | None = None,
+    conflicts: bool = False,
 ) -> Candidates:
     """The best ``plan.candidates`` records of each branch, each scored by both branches
     (``lexical``: the lexical branch's, if read already; ``ahead``: the dense branch's
-    ranking, if made already: ``Store.rank_ahead`` with ``IVF_PROBES``)."""
+    ranking, if made already: ``Store.rank_ahead`` with ``IVF_PROBES``); and if
+    ``conflicts``, their open conflicts where the store reads them with them
+    (``Candidates.open_conflicts``)."""
     found = Candidates()
     if lexical is None:
         lexical = await store.lexical(query, filters, plan.candidates)
@@ -133,7 +136,7 @@ async def candidates(
         plan.candidates,
         list(found.bm25),
         within_seconds=plan.context_seconds if _reads_around(plan) else None,
-        conflicts=True,
+        conflicts=conflicts,
         probes=IVF_PROBES,
         ahead=ahead,
     )

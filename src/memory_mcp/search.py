@@ -118,6 +118,7 @@ async def search(
         engine.plan,
         lexical=lexical,
         ahead=ahead,
+        conflicts=True,
     )
     await read_around(engine.store, found, query_vector, identity, engine.plan)
     hits = fuse(
@@ -324,7 +325,7 @@ async def _fan_out(
     async def gather(label: str, filters: Filters) -> None:
         try:
             part = await candidates(
-                engine.store, text, query_vector, identity, filters, engine.plan
+                engine.store, text, query_vector, identity, filters, engine.plan, conflicts=True
             )
         except Exception as exc:  # one source failing must not sink the others
             log.warning("search branch %s failed: %s", label, exc, exc_info=True)
