@@ -93,9 +93,9 @@ class Candidates:
     def open_conflicts(self, record_ids: Collection[str]) -> list[Conflict] | None:
         """The open conflicts any of ``record_ids`` is in, oldest first, as read with the
         candidates; None: not read for all of them."""
-        if not set(record_ids) <= self.conflicts_read:
-            return None
         ids = set(record_ids)
+        if not ids <= self.conflicts_read:
+            return None
         return [
             c for _, c in sorted(self.conflicts.items()) if c.record_id in ids or c.other_id in ids
         ]

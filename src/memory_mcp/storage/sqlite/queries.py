@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
-from collections.abc import AsyncIterator, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -29,10 +29,11 @@ from memory_mcp.storage.sqlite.neighbours import neighbours_sql
 from memory_mcp.storage.sqlite.sql import (
     SELECT,
     by_seq_sql,
+    conflicts_sql,
     filters_sql,
     hash_sql,
     marks,
-    open_conflicts_sql,
+    open_conflicts_where,
     passing_sql,
     record_of,
     slots_sql,
@@ -169,7 +170,8 @@ def around_rows(
     vector_of = dict(zip((rowid // MAX_PASSAGES).tolist(), vectors, strict=True))
     rest = [r for r in rowids if owner_of(r) not in vector_of]
     if rest:
-        vector_of.update(_vec0_vectors(conn.execute(*_vec0_query(table, rest)).fetchall()))
+        for r, vector in _vec0_vectors(conn.execute(*_vec0_query(table, rest))).items():
+            vector_of[owner_of(r)] = vector
     return _arounds(found, vector_of)
 
 
@@ -216,15 +218,11 @@ def _vec0_query(table: str, rowids: Sequence[int]) -> tuple[str, list[Any]]:
     )
 
 
-def _blob_vector(blob: bytes) -> Vector:
+def _vec0_vectors(rows: Iterable[Any]) -> dict[int, Vector]:
+    """``_vec0_query``'s rows as vectors, by rowid."""
     import numpy as np
 
-    return np.frombuffer(bytes(blob), dtype=np.float32)
-
-
-def _vec0_vectors(rows: list[Any]) -> dict[int, Vector]:
-    """``_vec0_query``'s rows as vectors by their records' seq (whole texts: one a record)."""
-    return {owner_of(int(r)): _blob_vector(blob) for r, blob in rows}
+    return {int(r): np.frombuffer(bytes(blob), dtype=np.float32) for r, blob in rows}
 
 
 def lexical_rows(
@@ -536,7 +534,8 @@ class Queries:
                 held = None
                 if conflicts:
                     ids = list(dict.fromkeys([*near_ids, *record_ids]))
-                    held = [Conflict(*row) for row in conn.execute(*open_conflicts_sql(ids))]
+                    where, params = open_conflicts_where(ids)
+                    held = [Conflict(*row) for row in conn.execute(conflicts_sql(where), params)]
                 return near, scores, around, held
 
             found = await self._store._on_copy(table, filters.scope_keys, read)
@@ -604,17 +603,15 @@ class Queries:
             if seq not in own
         }
         rest = [r for r in rowids if owner_of(r) not in vector_of]
-        if rest:
-            held = await self.fetch(*_vec0_query(table, rest))
-            vector_of.update(_vec0_vectors(held))
+        for r, vector in (await self._vectors_vec0(table, rest)).items():
+            vector_of[owner_of(r)] = vector
         return _arounds(found, vector_of)
 
     async def _vectors_vec0(self, table: str, rowids: Sequence[int]) -> dict[int, Vector]:
         """These vec0 rows' vectors, by rowid (in the order asked), read from vec0."""
         if not rowids:
             return {}
-        rows = await self.fetch(*_vec0_query(table, rowids))
-        return {int(r): _blob_vector(blob) for r, blob in rows}
+        return _vec0_vectors(await self.fetch(*_vec0_query(table, rowids)))
 
     async def _own_writes(self) -> Collection[int]:
         """Records whose vectors this connection wrote and has not committed."""

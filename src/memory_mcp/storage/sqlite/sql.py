@@ -144,11 +144,12 @@ def conflicts_sql(where: str) -> str:
     return f"SELECT {CONFLICT_COLUMNS} FROM conflicts WHERE {where} ORDER BY id"
 
 
-def open_conflicts_sql(record_ids: Collection[str]) -> tuple[str, list[Any]]:
-    """The open conflicts that any of ``record_ids`` is part of, with its parameters."""
+def open_conflicts_where(record_ids: Collection[str]) -> tuple[str, list[Any]]:
+    """``conflicts_sql``'s condition for the open conflicts that any of ``record_ids`` is
+    part of, with its parameters."""
     ids = marks(record_ids)
     where = f"resolved_at IS NULL AND (record_id IN ({ids}) OR other_id IN ({ids}))"
-    return conflicts_sql(where), [*record_ids, *record_ids]
+    return where, [*record_ids, *record_ids]
 
 
 def hash_sql(where: str) -> str:

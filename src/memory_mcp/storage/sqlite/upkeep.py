@@ -12,7 +12,7 @@ from memory_mcp.storage.sqlite.sql import (
     SELECT,
     conflicts_sql,
     marks,
-    open_conflicts_sql,
+    open_conflicts_where,
     record_of,
     seq_of,
 )
@@ -36,8 +36,7 @@ class UpkeepReads:
         """The open conflicts that any of ``record_ids`` is part of, oldest first."""
         if not record_ids:
             return []
-        rows = await self.reads.fetch(*open_conflicts_sql(record_ids))
-        return [Conflict(*row) for row in rows]
+        return await self._conflicts(*open_conflicts_where(record_ids))
 
     async def conflict(self, conflict_id: int) -> Conflict | None:
         found = await self._conflicts("id = ?", [conflict_id])
