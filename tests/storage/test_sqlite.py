@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -328,6 +330,38 @@ async def test_each_scope_is_loaded_when_first_searched(tmp_path: Path) -> None:
         assert sorted(await ids_near(store, unit(1, 0, 0), both)) == sorted([here.id, there.id])
     finally:
         await store.close()
+
+
+async def test_a_scope_loads_its_live_records_each_with_its_kind(tmp_path: Path) -> None:
+    """A fresh copy reads vec0's rows of the live records only, each with its own
+    record's kind, whatever order the records and their rows come in."""
+    writer = await SqliteStore.open(tmp_path / "m.db")
+    kinds = ["decision", "fact", "gotcha", "fact", "decision", "gotcha", "fact"]
+    records = [fact(f"note {n}", kind=k, embedder="m") for n, k in enumerate(kinds)]
+    try:
+        async with writer.write() as tx:
+            for n, record in enumerate(reversed(records)):  # rows not in the records' order
+                await tx.insert(record, unit(1, 0.01 * n, 0)[None, :])
+        async with writer.write() as tx:
+            await tx.archive(records[4].id, "forgotten", format_time(utcnow()))
+            await tx.archive(records[1].id, "forgotten", format_time(utcnow()))
+    finally:
+        await writer.close()
+    with contextlib.closing(sqlite3.connect(tmp_path / "m.db")) as conn, conn:
+        # rows vec0 still holds for a record said to have none: not loaded
+        conn.execute("UPDATE records SET vec_rows = 0 WHERE id = ?", [records[2].id])
+    fresh = await SqliteStore.open(tmp_path / "m.db")
+    try:
+        for kind in ("decision", "fact", "gotcha"):
+            only = Filters(scope_keys=("/repo",), corpora=("facts",), kinds=(kind,))
+            found = {h.record.id for h in await fresh.nearest(unit(1, 0, 0), "m", only, 10)}
+            wanted = {r.id for n, r in enumerate(records) if r.kind == kind and n not in (1, 2, 4)}
+            assert found == wanted, kind
+        segment = next(iter(fresh._copies.values()))._segments["/repo"]
+        held = segment.rowid[: segment.size] // dense.MAX_PASSAGES
+        assert len(held) == len(set(held.tolist())) == 4  # record 2's rows left in vec0
+    finally:
+        await fresh.close()
 
 
 async def test_a_transaction_sees_its_own_uncommitted_vectors(tmp_path: Path) -> None:
