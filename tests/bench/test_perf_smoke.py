@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import json
+import re
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -314,3 +316,30 @@ async def test_a_kept_fill_is_measured_again_only_on_the_store_it_filled(
             keep=keep,
             storage=store_url(tmp_path, storage_url, "second"),
         )
+
+
+async def test_a_servers_memory_is_measured_in_a_serve_of_its_own(
+    tmp_path: Path, storage_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server's figure comes from a ``memory-mcp serve`` on the size's store (and
+    not from the store the settings name), which searched, stored and briefed there."""
+    monkeypatch.setenv("MEMORY_MCP_EMBEDDER_BACKEND", "bm25")  # the server reads it too
+    template = store_url(tmp_path, storage_url, "served") if storage_url else ""
+    report = await run_perf(
+        [20], Settings(), samples=5, keep=tmp_path / "keep", storage=template, served=True
+    )
+    (point,) = report.points
+    assert point.server_rss_mb is not None and 10 < point.server_rss_mb < point.rss_mb + 500
+    assert point.server_peak_mb is not None and point.server_peak_mb >= point.server_rss_mb
+    assert point.server_first_search_s is not None and point.server_first_search_s > 0
+    assert report.medians()[0]["server_rss_mb"]["median"] == point.server_rss_mb
+    url = template or f"sqlite:///{tmp_path / 'keep' / '20' / 'memory.db'}"
+    exported = io.StringIO()
+    async with open_url(url) as filled:
+        await filled.export(exported)
+    # run 1's server stored its 20 memories there (folded ones among others' history)
+    assert set(re.findall(r"\[1\.served\.(\d+)\]", exported.getvalue())) == {
+        str(n) for n in range(20)
+    }
+    fake = await run_perf([20], Settings(), samples=5, embedder=FakeEmbedder(), served=True)
+    assert fake.points[0].server_rss_mb is None, "a server cannot load the caller's embedder"

@@ -288,6 +288,14 @@ def bench_perf(
     launch: Annotated[
         bool, typer.Option("--launch/--no-launch", help="Also time spawn to tools/list.")
     ] = True,
+    server_rss: Annotated[
+        bool,
+        typer.Option(
+            "--server-rss/--no-server-rss",
+            help="Also measure the resident memory of a memory-mcp serve of its own on each "
+            "store, after searches, stores and a brief through MCP.",
+        ),
+    ] = True,
     keep: Annotated[
         Path | None,
         typer.Option(
@@ -344,6 +352,7 @@ def bench_perf(
                 keep=keep,
                 storage=storage,
                 rounds=rounds,
+                served=server_rss,
             )
 
     result = run_engine(work)
@@ -367,6 +376,9 @@ def bench_perf(
         "brief+inject",
         "bytes/memory",
         "RSS MB",
+        "server RSS MB",
+        "server peak MB",
+        "server 1st search",
         "model, stored",
         "model, query",
         "store/model",
@@ -395,6 +407,9 @@ def bench_perf(
             f"{point.brief_inject_ms} ms",
             f"{point.bytes_per_memory:,.0f}",
             f"{point.rss_mb:,.0f}",
+            "-" if point.server_rss_mb is None else f"{point.server_rss_mb:,.0f}",
+            "-" if point.server_peak_mb is None else f"{point.server_peak_mb:,.0f}",
+            "-" if point.server_first_search_s is None else f"{point.server_first_search_s} s",
             _ms(point.embed_one_ms),
             _ms(point.embed_query_ms),
             _times(point.ratios["store_p50_x"]),
@@ -435,6 +450,9 @@ def _print_medians(medians: list[dict[str, Any]]) -> None:
         ("model, query", "embed_query_ms", " ms"),
         ("brief+inject", "brief_inject_ms", " ms"),
         ("RSS MB", "rss_mb", ""),
+        ("server RSS MB", "server_rss_mb", ""),
+        ("server peak MB", "server_peak_mb", ""),
+        ("server 1st search", "server_first_search_s", " s"),
         ("dense recall@50", "dense_recall_at_50", ""),
         ("store/model", "store_p50_x", "x"),
         ("search/model", "search_p50_x", "x"),
@@ -457,9 +475,11 @@ def _print_medians(medians: list[dict[str, Any]]) -> None:
         ],
     )
     out.print(
-        "RSS after the first round includes what earlier rounds left in this process "
-        "(each opened and closed its store and model): compare the first round's with "
-        "a target."
+        "RSS is this process's: after the first round it includes what earlier rounds "
+        "left in it (each opened and closed its store and model). Server RSS is a "
+        "memory-mcp serve's own, on the store after its searches, stores and brief; "
+        "server peak is that process's highest since launch, server 1st search its "
+        "first search's answer from launch."
     )
     growth = ("store_p50_ms", "store_p95_ms", "search_p50_ms", "search_p95_ms")
     for before, after in itertools.pairwise(medians):

@@ -15,6 +15,7 @@ pays for importing the MCP SDK; it is reported apart from the rest.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -93,51 +94,133 @@ class LaunchReport:
         }
 
 
-_SEARCH = {
-    "jsonrpc": "2.0",
-    "id": 3,
-    "method": "tools/call",
-    "params": {"name": "memory_search", "arguments": {"query": "how do we deploy"}},
-}
+_FIRST_QUESTION = {"query": "how do we deploy"}  # a session's first memory_search
 
 
 def launch_once(
     command: Sequence[str], cwd: Path, timeout: float = 120.0, *, search: bool = False
 ) -> Launch:
     """One launch: seconds until the ``tools/list`` answer (and the first search's) arrive."""
-    started = time.perf_counter()
-    process = subprocess.Popen(
-        list(command),
-        cwd=cwd,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-    )
-    assert process.stdin is not None and process.stdout is not None
-    try:
-        for message in (
-            _INITIALIZE,
-            {"jsonrpc": "2.0", "method": "notifications/initialized"},
-            {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
-        ):
-            process.stdin.write(json.dumps(message).encode() + b"\n")
-        process.stdin.flush()
-        answer = _answer(process, 2, started, timeout, cwd)
-        tools_s = time.perf_counter() - started
+    with Served(command, cwd, timeout=timeout) as served:
         if not search:
-            return Launch(tools_s)
-        process.stdin.write(json.dumps(_SEARCH).encode() + b"\n")
-        process.stdin.flush()
-        answer = _answer(process, 3, started, timeout, cwd)
-        result = answer["result"].get("structuredContent") or {}
-        return Launch(tools_s, time.perf_counter() - started, str(result.get("mode")))
-    finally:
-        process.stdin.close()
+            return Launch(served.ready_s)
+        result = served.call("memory_search", _FIRST_QUESTION)
+        return Launch(served.ready_s, served.since_launch(), str(result.get("mode")))
+
+
+class Served:
+    """A ``memory-mcp serve`` process on stdio, from ``Popen`` past the handshake
+    (``ready_s`` after it), whose tools are then called one at a time; closed
+    through stdin, as a CLI closes it.
+
+    ``env``: variables set for the process on top of this one's; its ``roots/list``
+    asks are answered with ``cwd``.
+    """
+
+    def __init__(
+        self,
+        command: Sequence[str],
+        cwd: Path,
+        *,
+        env: dict[str, str] | None = None,
+        timeout: float = 120.0,
+    ) -> None:
+        self.command, self.cwd, self.timeout = list(command), cwd, timeout
+        self.env = None if env is None else {**os.environ, **env}
+        self.ready_s = 0.0
+        self._ids = 2
+
+    def __enter__(self) -> Served:
+        self.started = time.perf_counter()
+        self.process = subprocess.Popen(
+            self.command,
+            cwd=self.cwd,
+            env=self.env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
         try:
-            process.wait(timeout=30)
+            self._send(
+                _INITIALIZE,
+                {"jsonrpc": "2.0", "method": "notifications/initialized"},
+                {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
+            )
+            _answer(self.process, 2, self.started, self.timeout, self.cwd)
+        except BaseException:
+            self.__exit__()
+            raise
+        self.ready_s = self.since_launch()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        assert self.process.stdin is not None
+        with contextlib.suppress(OSError):
+            self.process.stdin.close()
+        try:
+            self.process.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+            self.process.kill()
+            self.process.wait()
+
+    def since_launch(self) -> float:
+        """Seconds since ``Popen``."""
+        return time.perf_counter() - self.started
+
+    def call(self, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        """The structured result of one tool call (its error raised as RuntimeError)."""
+        self._ids += 1
+        request = {"name": tool, "arguments": arguments}
+        self._send({"jsonrpc": "2.0", "id": self._ids, "method": "tools/call", "params": request})
+        answer = _answer(self.process, self._ids, time.perf_counter(), self.timeout, self.cwd)
+        return dict(answer["result"].get("structuredContent") or {})
+
+    def resident_mb(self) -> float | None:
+        """The process's resident memory now, in MB (None where it cannot be read)."""
+        return process_resident_mb(self.process.pid)
+
+    def peak_mb(self) -> float | None:
+        """The process's highest resident memory so far, in MB (Linux; else None)."""
+        return _status_mb(self.process.pid, "VmHWM")
+
+    def settle(self, quiet_s: float = 1.0, timeout: float = 600.0) -> bool:
+        """Wait until the process works less than a tenth of a core over ``quiet_s``
+        (what it does in the background after an answer: a vector index built, the
+        embedding a store deferred); False if it had not after ``timeout`` seconds,
+        or where its CPU time cannot be read (not Linux)."""
+        ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        deadline = time.monotonic() + timeout
+        before = _cpu_s(self.process.pid, ticks)
+        while before is not None and time.monotonic() < deadline:
+            time.sleep(quiet_s)
+            now = _cpu_s(self.process.pid, ticks)
+            if now is None:
+                return False
+            if now - before < 0.1 * quiet_s:
+                return True
+            before = now
+        return False
+
+    def _send(self, *messages: dict[str, Any]) -> None:
+        assert self.process.stdin is not None
+        for message in messages:
+            self.process.stdin.write(json.dumps(message).encode() + b"\n")
+        self.process.stdin.flush()
+
+
+def process_resident_mb(pid: int | str = "self") -> float | None:
+    """A process's resident memory now, in MB: ``/proc`` (Linux), else ``ps``."""
+    now = _status_mb(pid, "VmRSS")
+    if now is not None:
+        return now
+    if pid == "self":
+        pid = os.getpid()
+    with contextlib.suppress(OSError, ValueError, subprocess.SubprocessError):
+        shown = subprocess.run(
+            ["ps", "-o", "rss=", "-p", str(pid)], capture_output=True, text=True, timeout=10
+        )
+        return int(shown.stdout.strip()) / 1024
+    return None
 
 
 def _answer(
@@ -195,3 +278,20 @@ def run_launch_bench(
 def executable() -> str:
     beside = Path(sys.executable).with_name("memory-mcp" + (".exe" if os.name == "nt" else ""))
     return str(beside) if beside.is_file() else "memory-mcp"
+
+
+def _status_mb(pid: int | str, field: str) -> float | None:
+    """A ``/proc/<pid>/status`` figure (kB there), in MB; None where it cannot be read."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1]) / 1024
+    return None
+
+
+def _cpu_s(pid: int, ticks: int) -> float | None:
+    """The CPU seconds a process has used (``/proc/<pid>/stat``: user + system)."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / ticks
+    return None

@@ -22,7 +22,11 @@ For each size N, in a fresh store:
    time), and the imported memories' passages in one batched pass (the
    ceiling of an import's embedding rate);
 6. brief + inject time (``build_brief`` then ``inject`` into three files);
-7. database bytes per memory and the process's resident memory.
+7. database bytes per memory and the process's resident memory; then, with the
+   store closed, the resident memory of a ``memory-mcp serve`` of its own on the
+   store after searches, stores and a brief through MCP (``measure_server``):
+   the bench's own process holds what it did before (other sizes, the model's
+   batched pass), a server does not.
 
 The memories come from ``generate``: seeded, coding-agent-like (commands,
 decisions, conventions, versions, paths, gotchas across several stacks), of
@@ -33,6 +37,7 @@ Figures are medians of repetitions (p50) and 95th percentiles (p95).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import random
@@ -49,6 +54,7 @@ from typing import Any
 import anyio
 
 from memory_mcp.agents.inject import inject
+from memory_mcp.bench.launch import Served, executable, process_resident_mb
 from memory_mcp.config import Settings, WriteSettings, replaced
 from memory_mcp.embedders.base import Embedder
 from memory_mcp.errors import InvalidInput
@@ -213,13 +219,10 @@ def _percentile(values: Sequence[float], q: float) -> float:
 
 
 def resident_mb() -> float:
-    """This process's resident memory now (Linux), else its peak, in MB."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
+    """This process's resident memory now, else its peak, in MB."""
+    now = process_resident_mb()
+    if now is not None:
+        return now
     import resource
 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -269,6 +272,16 @@ class PerfPoint:
     # The share of the exact 50 nearest records (every vector scored) that the
     # approximate search returns, over the search queries and stored texts.
     dense_recall_at_50: float | None = None
+    # The resident memory (MB) of a ``memory-mcp serve`` process on this store, model
+    # loaded, after its searches, stores and brief (``measure_server``); None when
+    # not measured (a bench given its own embedder, or ``served=False``).
+    server_rss_mb: float | None = None
+    # That process's highest resident memory since its launch (loading the model and
+    # the vectors included; Linux only).
+    server_peak_mb: float | None = None
+    # Seconds from that process's launch to its first search's answer (SPEC §12: within
+    # 1 s): the model and the project's vectors loaded first.
+    server_first_search_s: float | None = None
 
     def as_json(self) -> dict[str, Any]:
         """Every figure, with ``ratios``, as ``--json`` prints a point."""
@@ -307,6 +320,9 @@ SPREAD_FIGURES = (
     "embed_query_ms",
     "brief_inject_ms",
     "rss_mb",
+    "server_rss_mb",
+    "server_peak_mb",
+    "server_first_search_s",
     "dense_recall_at_50",
     "store_p50_x",
     "store_p95_x",
@@ -537,22 +553,15 @@ async def measure(
         deferred_ms = (time.perf_counter() - started) * 1000 / (samples + 5)
 
     say(f"{count:,}: search", 0, 1)
-    rng = random.Random(count)
-    queries: list[tuple[str, tuple[str, ...], tuple[str, ...], str | None]] = [
-        ("how do I run the tests", (), (), None),
-        ("which database do we use", ("decision",), (), None),
-        ("flaky tests", ("gotcha",), (), None),
-        ("build the service", (), ("python",), None),
-        ("what port does it listen on", (), (), "2000-01-01"),
-    ]
-    asked = [f"{queries[n % len(queries)][0]} {rng.choice(_AREAS)}" for n in range(samples + 5)]
+    questions = _questions(count, samples + 5)
+    asked = [q.query for q in questions]
 
     async def timed_search(n: int) -> float:
-        """Milliseconds the n-th search takes (its query ``asked[n]``, its filters)."""
-        _, kinds, tag_filter, since = queries[n % len(queries)]
+        """Milliseconds the n-th search takes (``questions[n]``)."""
+        q = questions[n]
         started = time.perf_counter()
         await memory.search(
-            asked[n], cwd=root, kinds=kinds, tags=tag_filter, since=since, count_access=False
+            q.query, cwd=root, kinds=q.kinds, tags=q.tags, since=q.since, count_access=False
         )
         return (time.perf_counter() - started) * 1000
 
@@ -581,7 +590,7 @@ async def measure(
     model_batch_per_s = await _model_batch_rate(memory, count)
     say(f"{count:,}: dense recall", 0, 1)
     unseen = generate(samples, seed=count * 31 + 7)  # memories like the stored, not stored
-    recall = await _dense_recall(memory, root, [q for q, *_ in queries], unseen)
+    recall = await _dense_recall(memory, root, [q for q, *_ in _QUERIES], unseen)
 
     say(f"{count:,}: brief", 0, 1)
     brief_ms: list[float] = []
@@ -619,6 +628,82 @@ async def measure(
         current_records=sum(n for (_, _, state), n in stats.records.items() if state == "current"),
         dense_recall_at_50=recall,
     )
+
+
+_QUERIES: tuple[tuple[str, tuple[str, ...], tuple[str, ...], str | None], ...] = (
+    # (the words, kinds, tags, since) of the searches timed, the filters agents use
+    ("how do I run the tests", (), (), None),
+    ("which database do we use", ("decision",), (), None),
+    ("flaky tests", ("gotcha",), (), None),
+    ("build the service", (), ("python",), None),
+    ("what port does it listen on", (), (), "2000-01-01"),
+)
+
+
+@dataclass(frozen=True)
+class Question:
+    """One timed search: its query and filters."""
+
+    query: str
+    kinds: tuple[str, ...]
+    tags: tuple[str, ...]
+    since: str | None
+
+
+def _questions(count: int, n: int) -> list[Question]:
+    """The ``n`` searches timed at size ``count``: ``_QUERIES`` in turn, each with an
+    area (the same at every run on a size)."""
+    rng = random.Random(count)
+    return [
+        Question(f"{words} {rng.choice(_AREAS)}", kinds, tags, since)
+        for words, kinds, tags, since in itertools.islice(itertools.cycle(_QUERIES), n)
+    ]
+
+
+_SERVED_SEARCHES = 100
+_SERVED_STORES = 20
+
+
+@dataclass(frozen=True)
+class ServerFigures:
+    """What a ``memory-mcp serve`` of its own on a size's store showed."""
+
+    first_search_s: float  # from its launch to its first search's answer
+    rss_mb: float | None  # resident memory after its work, settled
+    peak_mb: float | None  # highest resident memory since launch
+
+
+def measure_server(root: Path, url: str, filled: Fill) -> ServerFigures:
+    """A ``memory-mcp serve`` on the store at ``url``, in ``root``: how long its first
+    search took from launch, its resident memory (MB) and its peak since launch: a
+    server's own figures, free of what this process did before (other sizes' stores,
+    the model's batched pass).
+
+    Its first search loads the model and the project's vectors; once it has settled
+    (the vectors' clusters built in the background), ``_SERVED_SEARCHES`` searches,
+    ``_SERVED_STORES`` stores of fresh memories and a brief through MCP, and once it
+    has settled again (the stores' deferred embedding), its memory.
+    """
+    count = filled.memories
+    fresh = generate(_SERVED_STORES, seed=count + 7_919 * (filled.runs + 1))
+    here = {"cwd": str(root)}
+    command = [executable(), "serve"]
+    with Served(command, root, env={"MEMORY_MCP_STORAGE_URL": url}, timeout=900) as served:
+        for n, q in enumerate(_questions(count, _SERVED_SEARCHES)):
+            arguments: dict[str, Any] = {"query": q.query, **here}
+            arguments |= {"kinds": list(q.kinds)} if q.kinds else {}
+            arguments |= {"tags": list(q.tags)} if q.tags else {}
+            arguments |= {"since": q.since} if q.since else {}
+            served.call("memory_search", arguments)
+            if n == 0:
+                first_search_s = served.since_launch()
+                served.settle()
+        for n, (kind, text, tags) in enumerate(fresh):
+            content = f"{text} [{filled.runs}.served.{n}]"
+            served.call("memory_store", {"content": content, "kind": kind, "tags": tags, **here})
+        served.call("memory_brief", here)
+        served.settle()
+        return ServerFigures(first_search_s, served.resident_mb(), served.peak_mb())
 
 
 async def _model_alone(memory: MemoryService, texts: Sequence[str]) -> list[float]:
@@ -735,6 +820,7 @@ async def run_perf(
     keep: Path | None = None,
     storage: str = "",
     rounds: int = 1,
+    served: bool = False,
 ) -> PerfReport:
     """One store per size: fresh in a temporary directory, or ``keep/<size>``.
 
@@ -750,6 +836,10 @@ async def run_perf(
     (50,000, 200,000, 50,000, ...), each store filled once: on a machine whose
     speed drifts, the medians over the rounds (``PerfReport.medians``) compare
     the sizes where one run each would not.
+
+    ``served``: also measure each point's ``server_rss_mb`` (a ``memory-mcp serve``
+    process, which reads the settings of this process's environment and config
+    files; not with an ``embedder`` of the caller's).
 
     Raises:
         InvalidInput: several sizes but no ``{size}`` in ``storage``, or a store there
@@ -785,6 +875,7 @@ async def run_perf(
                     progress=progress,
                     keep=keep,
                     storage=storage,
+                    served=served and embedder is None,
                 )
                 report.points.append(point)
                 if turn == rounds - 1:
@@ -803,6 +894,7 @@ async def _perf_point(
     progress: Progress | None,
     keep: Path | None,
     storage: str,
+    served: bool = False,
 ) -> tuple[PerfPoint, Fill]:
     """One size's figures in ``tmp`` (filled first unless ``filled`` says it was)."""
     fresh = filled is None
@@ -850,6 +942,14 @@ async def _perf_point(
             database=database,
         )
     save(filled)
+    if served:  # the store closed: the server is its only user
+        say = progress or _silent
+        say(f"{count:,}: a server's memory", 0, 1)
+        where = url or f"sqlite:///{(tmp / 'memory.db').resolve()}"
+        seen = await anyio.to_thread.run_sync(measure_server, root, where, filled)
+        point.server_first_search_s = round(seen.first_search_s, 2)
+        point.server_rss_mb = None if seen.rss_mb is None else round(seen.rss_mb, 1)
+        point.server_peak_mb = None if seen.peak_mb is None else round(seen.peak_mb, 1)
     return point, filled
 
 
