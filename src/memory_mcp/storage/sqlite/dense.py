@@ -8,8 +8,9 @@ bytes a passage instead of 1,536; the cosine moves by about 1e-4 at 384
 dimensions), and scores a scope with numpy in blocks of 1,024 rows.
 
 vec0 stays the store of record, and the only one written. A scope's rows are
-read from vec0's chunk tables the first time a search names it (0.35 s at
-50,000 memories, where a scan of the vec0 table takes 4.7 s); the store checks
+read from vec0's chunk tables the first time a search names it (0.6 s at
+50,000 memories, 2-2.4 s at 200,000, where a scan of the vec0 table takes 4.7 s at
+50,000); the store checks
 that it reads them right against vec0 itself, and answers through vec0 as
 before when it does not (another sqlite-vec layout, a corrupt chunk).
 
