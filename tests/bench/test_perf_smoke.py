@@ -13,7 +13,7 @@ import pytest
 
 from helpers.storage import open_url, store_place, store_url
 from memory_mcp.bench.perf import generate, kept_fill, run_perf
-from memory_mcp.config import Settings
+from memory_mcp.config import EmbedderSettings, Settings
 from memory_mcp.embedders.base import FakeEmbedder, Matrix
 from memory_mcp.errors import InvalidInput
 
@@ -343,3 +343,15 @@ async def test_a_servers_memory_is_measured_in_a_serve_of_its_own(
     }
     fake = await run_perf([20], Settings(), samples=5, embedder=FakeEmbedder(), served=True)
     assert fake.points[0].server_rss_mb is None, "a server cannot load the caller's embedder"
+
+
+async def test_a_server_that_cannot_start_leaves_the_other_figures_and_says_why(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("MEMORY_MCP_EMBEDDER_BACKEND", "nonsense")  # the server's settings only
+    settings = Settings(embedder=EmbedderSettings(backend="bm25"))
+    report = await run_perf([20], settings, samples=5, served=True)
+    (point,) = report.points
+    assert point.store_p50_ms > 0 and point.server_rss_mb is None
+    assert point.server_error is not None and "embedder.backend" in point.server_error
+    assert report.to_json()["points"][0]["server_error"] == point.server_error

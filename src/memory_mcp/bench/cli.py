@@ -431,6 +431,9 @@ def bench_perf(
         for point in result.points
     ]
     out.table(header, rows)
+    for point in result.points:
+        if point.server_error:
+            err.print(f"{point.memories:,}: the server could not be measured: {point.server_error}")
     if rounds > 1:
         _print_medians(result.medians())
     if result.launch_s is not None:

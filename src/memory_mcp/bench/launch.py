@@ -22,6 +22,7 @@ import select
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -114,7 +115,9 @@ class Served:
     through stdin, as a CLI closes it.
 
     ``env``: variables set for the process on top of this one's; its ``roots/list``
-    asks are answered with ``cwd``.
+    asks are answered with ``cwd``. A server that fails (exits, does not answer, answers
+    with an error) raises RuntimeError or TimeoutError with the end of what it wrote
+    to stderr.
     """
 
     def __init__(
@@ -131,22 +134,27 @@ class Served:
         self._ids = 2
 
     def __enter__(self) -> Served:
+        self._stderr = tempfile.TemporaryFile()  # closed by __exit__
         self.started = time.perf_counter()
-        self.process = subprocess.Popen(
-            self.command,
-            cwd=self.cwd,
-            env=self.env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-        )
+        try:
+            self.process = subprocess.Popen(
+                self.command,
+                cwd=self.cwd,
+                env=self.env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self._stderr,
+            )
+        except BaseException:
+            self._stderr.close()
+            raise
         try:
             self._send(
                 _INITIALIZE,
                 {"jsonrpc": "2.0", "method": "notifications/initialized"},
                 {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
             )
-            _answer(self.process, 2, self.started, self.timeout, self.cwd)
+            self._answer(2, self.started)
         except BaseException:
             self.__exit__()
             raise
@@ -162,6 +170,7 @@ class Served:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+        self._stderr.close()
 
     def since_launch(self) -> float:
         """Seconds since ``Popen``."""
@@ -172,8 +181,23 @@ class Served:
         self._ids += 1
         request = {"name": tool, "arguments": arguments}
         self._send({"jsonrpc": "2.0", "id": self._ids, "method": "tools/call", "params": request})
-        answer = _answer(self.process, self._ids, time.perf_counter(), self.timeout, self.cwd)
+        answer = self._answer(self._ids, time.perf_counter())
         return dict(answer["result"].get("structuredContent") or {})
+
+    def _answer(self, request: int, started: float) -> dict[str, Any]:
+        try:
+            return _answer(self.process, request, started, self.timeout, self.cwd)
+        except (RuntimeError, TimeoutError) as exc:
+            said = self._said()
+            raise type(exc)(f"{exc}; it said: {said}" if said else str(exc)) from None
+
+    def _said(self, most: int = 800) -> str:
+        """The end of what the process wrote to stderr so far."""
+        self._stderr.flush()
+        self._stderr.seek(0, os.SEEK_END)
+        size = self._stderr.tell()
+        self._stderr.seek(max(0, size - most))
+        return self._stderr.read().decode(errors="replace").strip()
 
     def resident_mb(self) -> float | None:
         """The process's resident memory now, in MB (None where it cannot be read)."""

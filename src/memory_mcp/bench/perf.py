@@ -282,6 +282,8 @@ class PerfPoint:
     # Seconds from that process's launch to its first search's answer (SPEC §12: within
     # 1 s): the model and the project's vectors loaded first.
     server_first_search_s: float | None = None
+    # Why the server's figures are missing, when it failed (the rest of the point stands).
+    server_error: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         """Every figure, with ``ratios``, as ``--json`` prints a point."""
@@ -946,10 +948,14 @@ async def _perf_point(
         say = progress or _silent
         say(f"{count:,}: a server's memory", 0, 1)
         where = url or f"sqlite:///{(tmp / 'memory.db').resolve()}"
-        seen = await anyio.to_thread.run_sync(measure_server, root, where, filled)
-        point.server_first_search_s = round(seen.first_search_s, 2)
-        point.server_rss_mb = None if seen.rss_mb is None else round(seen.rss_mb, 1)
-        point.server_peak_mb = None if seen.peak_mb is None else round(seen.peak_mb, 1)
+        try:
+            seen = await anyio.to_thread.run_sync(measure_server, root, where, filled)
+        except (OSError, RuntimeError, TimeoutError) as exc:  # the other figures stand
+            point.server_error = str(exc)
+        else:
+            point.server_first_search_s = round(seen.first_search_s, 2)
+            point.server_rss_mb = None if seen.rss_mb is None else round(seen.rss_mb, 1)
+            point.server_peak_mb = None if seen.peak_mb is None else round(seen.peak_mb, 1)
     return point, filled
 
 
