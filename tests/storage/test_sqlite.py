@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import shutil
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -887,5 +888,124 @@ async def test_word_counts_start_over_when_too_many_are_remembered(
         assert held == dict.fromkeys(["alpha", "beta", "gamma", "delta"], 1)
         held = await on_thread(store._reader, counts.read, {"alpha", "epsilon"}, False)
         assert held == {"alpha": 1, "epsilon": 1}
+    finally:
+        await store.close()
+
+
+def _index(store: SqliteStore) -> dense.DenseIndex:
+    return next(iter(store._copies.values()))
+
+
+async def _kept(store: SqliteStore) -> None:
+    """Wait for the copies being kept to be written."""
+    for writer in _index(store)._writers:
+        writer.join(30)
+
+
+def _chunk_reads(store: SqliteStore) -> list[str]:
+    """The statements a store's reader runs that read vec0's vector chunks, as it runs them."""
+    seen: list[str] = []
+    fetch = store.reads.fetch
+
+    async def counting(sql: str, params: Any = ()) -> list[Any]:
+        if "_vector_chunks00" in sql:
+            seen.append(sql)
+        return await fetch(sql, params)
+
+    store.reads.fetch = counting  # type: ignore[method-assign]
+    return seen
+
+
+async def test_a_clustered_scope_is_kept_for_the_next_process_and_caught_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The next process takes a clustered scope from the copy the last one kept, with
+    the writes made since, instead of reading vec0's chunks and clustering again."""
+    vectors = _around_centres(600, 12, seed=3)
+    rows = [fact(f"fact {i}", embedder="m") for i in range(600)]
+    first = await SqliteStore.open(tmp_path / "m.db")
+    try:
+        await _clustered(first, rows, vectors, monkeypatch)
+        await _kept(first)
+        assert list((tmp_path / "m.db-vectors").glob("*.codes"))
+        query = vectors[7].astype(np.float32)
+        before = [h.record.id for h in await first.nearest(query, "m", FILTERS, 10)]
+        async with first.write() as tx:  # after the copy was kept
+            await tx.archive(before[0], "forgotten", format_time(utcnow()))
+            await tx.insert(late := fact("late", embedder="m"), query[None, :])
+    finally:
+        await first.close()
+    second = await SqliteStore.open(tmp_path / "m.db")
+    try:
+        reads = _chunk_reads(second)
+        assert await second.load_vectors("m", ["/repo"])
+        segment = _index(second)._segments["/repo"]
+        assert reads == [] and segment.clusters > 0 and segment._clustering is None
+        found = [h.record.id for h in await second.nearest(query, "m", FILTERS, 10)]
+        assert found[0] == late.id and before[0] not in found
+        assert found[1:] == before[1:10]
+    finally:
+        await second.close()
+
+
+@pytest.mark.parametrize(
+    "spoil", ["codes", "another store", "log pruned", "another history", "rows missing"]
+)
+async def test_a_kept_copy_that_cannot_be_trusted_is_read_from_vec0_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spoil: str
+) -> None:
+    vectors = _around_centres(600, 12, seed=4)
+    first = await SqliteStore.open(tmp_path / "m.db")
+    try:
+        await _clustered(
+            first, [fact(f"f {i}", embedder="m") for i in range(600)], vectors, monkeypatch
+        )
+        await _kept(first)
+    finally:
+        await first.close()
+    kept = tmp_path / "m.db-vectors"
+    (codes,) = kept.glob("*.codes")
+    database = tmp_path / "m.db"
+    if spoil == "codes":
+        with codes.open("r+b") as file:
+            file.seek(100)
+            file.write(b"\x7f\x7f\x7f")
+    elif spoil == "another store":  # the same table and scope, other records
+        other = await SqliteStore.open(tmp_path / "other.db")
+        try:
+            await _clustered(
+                other,
+                [fact(f"o {i}", embedder="m") for i in range(600)],
+                vectors[::-1].copy(),
+                monkeypatch,
+            )
+        finally:
+            await other.close()
+        shutil.rmtree(tmp_path / "other.db-vectors", ignore_errors=True)
+        shutil.copytree(kept, tmp_path / "other.db-vectors")
+        database = tmp_path / "other.db"
+    else:
+        with contextlib.closing(sqlite3.connect(database)) as conn, conn:
+            if spoil == "log pruned":
+                conn.execute("DELETE FROM vector_changes")
+            elif spoil == "another history":  # a restored backup's log, written on since
+                conn.execute(
+                    "UPDATE vector_changes SET seq = -1 "
+                    "WHERE id = (SELECT max(id) FROM vector_changes)"
+                )
+            else:  # a record whose rows the copy holds says it has none
+                conn.execute(
+                    "UPDATE records SET vec_rows = 0 WHERE seq = (SELECT min(seq) FROM records)"
+                )
+    store = await SqliteStore.open(database)
+    try:
+        reads = _chunk_reads(store)
+        assert await store.load_vectors("m", ["/repo"])
+        assert reads, "read from vec0's chunks"
+        held = _index(store)._segments["/repo"]
+        records = dict(await store.reads.fetch("SELECT seq, content FROM records"))
+        owners = {records[int(r) // dense.MAX_PASSAGES] for r in held.rowid[: held.size] if r >= 0}
+        want = "o " if spoil == "another store" else "f "
+        assert owners and all(text.startswith(want) for text in owners)
     finally:
         await store.close()

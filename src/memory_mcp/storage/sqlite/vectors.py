@@ -234,7 +234,8 @@ class VectorTables:
                 return None
             # setdefault: another search may have made it while this one waited
             folder = None if str(self.path) == ":memory:" else self.path.parent
-            made = DenseIndex(table, embedder, int(dims[0][0]), folder)
+            kept = None if folder is None else folder / f"{self.path.name}-vectors"
+            made = DenseIndex(table, embedder, int(dims[0][0]), folder, kept)
             index = self._copies.setdefault(table, made)
         return index
 
@@ -279,7 +280,7 @@ class VectorTables:
         async with self._ready_copy(table, embedder, scope_keys) as index:
             if index is None or settle <= 0:
                 return True
-            return await index.settle(scope_keys, settle)
+            return await index.settle(self.reads.fetch, scope_keys, settle)
 
     @asynccontextmanager
     async def _ready_copy(
@@ -414,6 +415,7 @@ class VectorTables:
                 yield None
                 return
             index.keep_clustered(scope_keys)
+            await index.keep_landed(self.reads.fetch, scope_keys)  # a trip only once landed
             yield index
 
     def _apply_written(self, journal: Journal) -> None:
