@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import shutil
 import sqlite3
 from pathlib import Path
@@ -946,6 +947,17 @@ async def test_a_clustered_scope_is_kept_for_the_next_process_and_caught_up(
         assert found[1:] == before[1:10]
     finally:
         await second.close()
+    # a copy many changes behind is kept again by the process that took it
+    (kept,) = (tmp_path / "m.db-vectors").glob("*.npz")
+    position = json.loads(str(np.load(kept)["meta"]))["position"]
+    monkeypatch.setattr(dense, "_KEEP_AGAIN_AFTER", 1)
+    third = await SqliteStore.open(tmp_path / "m.db")
+    try:
+        assert await third.load_vectors("m", ["/repo"])
+        await _kept(third)
+    finally:
+        await third.close()
+    assert json.loads(str(np.load(kept)["meta"]))["position"] > position
 
 
 @pytest.mark.parametrize(
