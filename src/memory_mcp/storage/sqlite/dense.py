@@ -32,7 +32,7 @@ search whose filters leave fewer than it asked for among those rows scores
 every row. The clusters are made again once the tail holds a tenth of the
 rows; until a clustering lands, searches score every row.
 
-A clustered scope is kept for the next process (``DenseIndex.keep_landed``, in
+A clustered scope is kept for the next process (``DenseIndex._keep_landed``, in
 ``<database>-vectors/`` beside the database): its code rows and arrays, written in
 a thread once a clustering lands, tied to the log entry it was current at. The
 next process takes it instead of reading vec0's chunks and clustering again (0.4-0.7
@@ -105,6 +105,8 @@ _KEPT_ARRAYS = ("scale", "rowid", "corpus", "kind", "cell")
 # Records changed since a kept copy beyond which the process that takes it keeps it
 # again at once: 5,852 of them took 0.66 s to read again at 200,000 memories.
 _KEEP_AGAIN_AFTER = 1000
+# The records whose rows a scope's copy holds (parameters: the scope, the embedder).
+_HELD = "scope_key = ? AND embedder = ? AND live = 1 AND vec_rows > 0"
 
 CLUSTER_FROM = 20_000  # rows of a scope from which its searches probe clusters
 PROBE_ROWS = 256  # rows a probe scores at least, on average (``probed_clusters``)
@@ -663,7 +665,7 @@ def _write_kept(
     codes: _Codes,
     size: int,
 ) -> None:
-    """Write a scope's copy (``DenseIndex.keep_landed``): its code rows, then its arrays
+    """Write a scope's copy (``DenseIndex._keep_landed``): its code rows, then its arrays
     and what it is, each to a temporary file renamed into place; a reader that finds
     one file of one copy and the other of another sees the checksum differ."""
     try:
@@ -738,14 +740,20 @@ def _read_kept(
         return None
     if at != size or crc != meta["crc"]:
         return None
-    for name in _KEPT_ARRAYS:
-        setattr(segment, name, arrays[name])
+    segment.scale, segment.rowid, segment.cell = arrays["scale"], arrays["rowid"], arrays["cell"]
     segment.corpus = codes[arrays["corpus"]]
     segment.kind = codes[arrays["kind"]]
     segment.centroids = arrays["centroids"]
     segment.size = size
     segment.dead = int((arrays["rowid"] < 0).sum())
     return segment
+
+
+async def _log_entry(fetch: Fetch, position: int) -> list[Any] | None:
+    """The change-log entry ``position`` as a kept copy records it ([seq, embedder]);
+    None if the log does not hold it."""
+    rows = await fetch("SELECT seq, embedder FROM vector_changes WHERE id = ?", [position])
+    return [int(rows[0][0]), str(rows[0][1])] if rows else None
 
 
 def _int8_query(query: Vector) -> tuple[npt.NDArray[np.int8], float]:
@@ -857,8 +865,7 @@ class DenseIndex:
                     if attempt == _LOAD_ATTEMPTS - 1:
                         raise Moved(str(exc)) from exc
                     await self._catch_up(fetch)
-        self.keep_clustered(scope_keys)
-        await self.keep_landed(fetch, scope_keys)
+        await self.keep_clustered(fetch, scope_keys)
 
     def holds(self, scope_keys: Collection[str]) -> bool:
         """Whether these scopes are loaded."""
@@ -869,13 +876,16 @@ class DenseIndex:
         row = conn.execute("SELECT coalesce(max(id), 0) FROM vector_changes").fetchone()
         return int(row[0]) == self.position
 
-    def keep_clustered(self, scope_keys: Collection[str]) -> None:
-        """Install the clusterings that finished; start those that would pay."""
+    async def keep_clustered(self, fetch: Fetch, scope_keys: Collection[str]) -> None:
+        """Install the clusterings that finished and keep those scopes for the next
+        process (``_keep_landed``: a trip only once one landed); start the clusterings
+        that would pay (hold ``lock``)."""
         for key in scope_keys:
             segment = self._segments.get(key)
             if segment is not None and not segment.settle() and segment.wants_clusters:
                 self._jobs = [job for job in self._jobs if job.thread.is_alive()]
                 self._jobs.append(segment.start_clustering())
+        await self._keep_landed(fetch, scope_keys)
 
     async def settle(self, fetch: Fetch, scope_keys: Collection[str], seconds: float) -> bool:
         """Wait up to ``seconds`` for these scopes' clusterings (hold ``lock``);
@@ -887,8 +897,7 @@ class DenseIndex:
             if job is not None:
                 left = max(0.0, deadline - anyio.current_time())
                 await anyio.to_thread.run_sync(job.thread.join, left)
-        self.keep_clustered(scope_keys)
-        await self.keep_landed(fetch, scope_keys)
+        await self.keep_clustered(fetch, scope_keys)
         return not any(
             s._clustering is not None
             for k in scope_keys
@@ -1018,9 +1027,7 @@ class DenseIndex:
         if await self._from_kept(fetch, scope_key):
             return
         slots = await fetch(
-            "SELECT seq, corpus, kind FROM records WHERE scope_key = ? AND embedder = ? "
-            "AND live = 1 AND vec_rows > 0",
-            [scope_key, self.embedder],
+            f"SELECT seq, corpus, kind FROM records WHERE {_HELD}", [scope_key, self.embedder]
         )
         owners = self._owners(slots)
         chunks = await fetch(
@@ -1083,26 +1090,24 @@ class DenseIndex:
             "scope": scope_key,
         }
 
-    async def keep_landed(self, fetch: Fetch, scope_keys: Collection[str]) -> None:
+    async def _keep_landed(self, fetch: Fetch, scope_keys: Collection[str]) -> None:
         """Write, in a thread, the scopes whose clustering landed since they were last
         kept (hold ``lock``): the arrays are copied now, the code rows (never written
         again) as the thread goes."""
         for key in scope_keys:
             segment = self._segments.get(key)
-            path = self._kept_path(key)
-            if segment is None or not segment.landed or path is None:
+            if segment is None or not segment.landed:
                 continue
             segment.landed = False
-            entry = await fetch(
-                "SELECT seq, embedder FROM vector_changes WHERE id = ?", [self.position]
-            )
-            if not entry:  # nothing in the log to tie the copy to
+            path = self._kept_path(key)
+            entry = await _log_entry(fetch, self.position)
+            if path is None or entry is None:  # not kept, or nothing in the log to tie it to
                 continue
             size = segment.size
             meta = {
                 **self._kept_identity(key),
                 "position": self.position,
-                "entry": [int(entry[0][0]), str(entry[0][1])],
+                "entry": entry,
                 "size": size,
                 "names": sorted(self._codes, key=self._codes.__getitem__),
             }
@@ -1144,10 +1149,8 @@ class DenseIndex:
         wanted = self._kept_identity(scope_key)
         if {k: meta.get(k) for k in wanted} != wanted or meta["position"] > self.position:
             return False
-        entry = await fetch(
-            "SELECT seq, embedder FROM vector_changes WHERE id = ?", [meta["position"]]
-        )
-        if not entry or [int(entry[0][0]), str(entry[0][1])] != meta["entry"]:
+        entry = await _log_entry(fetch, meta["position"])
+        if entry is None or entry != meta["entry"]:
             return False
         changed = await fetch(
             "SELECT DISTINCT seq FROM vector_changes WHERE embedder = ? AND id > ? AND id <= ?",
@@ -1165,8 +1168,7 @@ class DenseIndex:
         try:
             await self._reread(fetch, [int(row[0]) for row in changed])
             rows = await fetch(
-                "SELECT coalesce(sum(vec_rows), 0) FROM records WHERE scope_key = ? "
-                "AND embedder = ? AND live = 1 AND vec_rows > 0",
+                f"SELECT coalesce(sum(vec_rows), 0) FROM records WHERE {_HELD}",
                 [scope_key, self.embedder],
             )
             if int(rows[0][0]) != segment.size - segment.dead:

@@ -414,8 +414,7 @@ class VectorTables:
             if not index.holds(scope_keys):
                 yield None
                 return
-            index.keep_clustered(scope_keys)
-            await index.keep_landed(self.reads.fetch, scope_keys)  # a trip only once landed
+            await index.keep_clustered(self.reads.fetch, scope_keys)
             yield index
 
     def _apply_written(self, journal: Journal) -> None:
