@@ -3,6 +3,7 @@ clusters large scopes, and keeps their codes in a file."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -352,3 +353,93 @@ def test_vectors_of_gives_rows_by_rowid_from_every_scope() -> None:
         assert np.allclose(rows, [expected[r] for r in held], atol=0.01)
     rowids, rows = index.vectors_of([])
     assert rowids.tolist() == [] and rows.shape == (0, 8)
+
+
+@pytest.mark.parametrize("mapped", [True, False])
+def test_a_kept_copy_scores_grows_and_is_kept_again_as_the_segment_it_was_kept_from(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, mapped: bool
+) -> None:
+    """A kept copy's code file is mapped as the first rows of the segment taken from it
+    (copied into memory where files cannot be mapped), rows written since go after
+    them, and every read across the two answers as the segment that was kept does;
+    the file is never written."""
+    own = tmp_path / "own"
+    own.mkdir()
+    segment = _clustered_segment(monkeypatch, 3000, probes=4, seed=9, folder=own)
+    _fill(segment, _clustered_rows(60, 24, seed=10), first_seq=5000)  # a tail in the copy
+    segment.drop(np.array([3, 5001]))  # and dropped rows
+    size = segment.size
+    arrays = {name: getattr(segment, name)[:size].copy() for name in dense._KEPT_ARRAYS}
+    assert segment.centroids is not None
+    arrays["centroids"] = segment.centroids.copy()
+    path = tmp_path / "kept" / "vec-scope"
+    dense._write_kept(path, {"size": size}, arrays, segment.codes, size)
+    with np.load(path.with_name(path.name + ".npz")) as data:
+        meta = json.loads(str(data["meta"]))
+    kept = path.with_name(path.name + ".codes").read_bytes()
+    if not mapped:
+        monkeypatch.setattr(dense, "_FILES_WORK", False)
+    twin = dense._read_kept(path, meta, arrays, np.zeros(1, np.int16), 24, own)
+    assert twin is not None and twin.size == size and twin.dead == 2
+    assert twin.codes.base_rows == (size if mapped else 0)
+    assert twin.codes.nbytes == (0 if mapped else size * 24)
+
+    more = _clustered_rows(40, 24, seed=11)
+    for held in (segment, twin):
+        _fill(held, more, first_seq=6000)  # after the copy's rows: past the cut
+        held.drop(np.array([7, 6001]))  # one row of the copy, one written since
+    if mapped:  # grown in place: the same rows at the same positions
+        assert twin.size == segment.size == size + 40 and twin.dead == segment.dead == 4
+    wanted = segment.rowid[1 : segment.size : 7]  # on both sides of the cut
+    for query in [*_clustered_rows(6, 24, seed=12), more[5]]:
+        probed, probed_twin = segment.probe(query), twin.probe(query)
+        assert probed is not None and probed_twin is not None
+        _same(_by_rowid(segment, *probed[:2]), _by_rowid(twin, *probed_twin[:2]))
+        every, every_twin = (np.arange(s.size, dtype=np.int64) for s in (segment, twin))
+        _same(  # past the EXACT_TOP rescored, rows tied in the first pass may swap
+            _by_rowid(segment, every, segment.cosines(query)),
+            _by_rowid(twin, every_twin, twin.cosines(query)),
+            atol=_APPROX,
+        )
+        at, at_twin = np.sort(segment.find(wanted)), np.sort(twin.find(wanted))
+        assert np.allclose(
+            segment.cosines_at(query, at), twin.cosines_at(query, at_twin), atol=1e-6
+        )
+    assert np.array_equal(segment.vectors(at), twin.vectors(at_twin))
+    best = twin.probe(more[5])
+    assert best is not None
+    assert int(twin.rowid[best[0][int(np.argmax(best[1]))]]) == 6005 * dense.MAX_PASSAGES
+
+    if mapped:  # kept again from the twin: the same rows; it still maps the file it took
+        again = tmp_path / "kept" / "vec-again"
+        dense._write_kept(again, {"size": twin.size}, {}, twin.codes, twin.size)
+        dense._write_kept(path, {"size": segment.size}, {}, segment.codes, segment.size)
+        assert (
+            again.with_name("vec-again.codes").read_bytes()
+            == path.with_name("vec-scope.codes").read_bytes()
+        )
+        assert twin.codes.base_rows == size
+        with twin.codes.rows() as rows:
+            assert rows.take(np.arange(size, dtype=np.int64)).tobytes() == kept
+    twin.start_clustering()  # a new clustering writes the rows into a file of the process's
+    assert twin._clustering is not None
+    twin._clustering.thread.join(60)
+    assert twin.settle() is False
+    assert twin.codes.base_rows == 0 and twin.codes.in_file == mapped
+    query = more[5]
+    assert np.allclose(
+        segment.cosines(query)[segment.find(np.array([6005 * dense.MAX_PASSAGES]))],
+        twin.cosines(query)[twin.find(np.array([6005 * dense.MAX_PASSAGES]))],
+        atol=1e-6,
+    )
+
+
+def _by_rowid(segment: _Segment, positions: np.ndarray, sims: np.ndarray) -> dict[int, float]:
+    """The cosines of the live rows among ``positions``, by rowid."""
+    live = segment.rowid[positions] >= 0
+    return dict(zip(segment.rowid[positions][live].tolist(), sims[live].tolist(), strict=True))
+
+
+def _same(cosines: dict[int, float], others: dict[int, float], atol: float = 1e-6) -> None:
+    assert cosines.keys() == others.keys()
+    assert np.allclose([cosines[r] for r in cosines], [others[r] for r in cosines], atol=atol)
