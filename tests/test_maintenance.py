@@ -610,6 +610,43 @@ async def test_rows_converge_to_a_new_embedder_without_a_command(
         assert (await memory.search("billing module", cwd=project)).warnings == []
 
 
+async def test_the_servers_loop_waits_for_a_quiet_spell_before_a_round(
+    tmp_path: Path, storage_url: str, project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A round of the loop (here re-embedding) waits until no store or search has used
+    the model for ``QUIET_S``, the first round too: a session's first calls come as its
+    server starts, and do not share the machine with maintenance."""
+    from memory_mcp.maintenance import runner
+
+    monkeypatch.setattr(runner, "QUIET_S", 1.0)
+    settings, database = store_place(tmp_path, storage_url, "m")
+    async with MemoryService.open(
+        settings, database=database, embedder=FakeEmbedder(name="fake:old"), wait_for_embedder=10
+    ) as memory:
+        for i, word in enumerate(["billing", "search", "auth"]):
+            await memory.store(f"Fact number {i} about the {word} module", cwd=project)
+    settings, database = store_place(tmp_path, storage_url, "m")
+    settings.embedder.backend = "fastembed"
+    async with MemoryService.open(
+        settings, database=database, embedder=FakeEmbedder(name="fake:new"), wait_for_embedder=10
+    ) as memory:
+        store = memory.engine.store
+        assert await store.count_needing_embedding("fake:new") == 3
+        async with anyio.create_task_group() as group:
+            group.start_soon(memory.maintenance_loop)
+            busy_until = anyio.current_time() + 2.5
+            while anyio.current_time() < busy_until:  # a search every 0.1 s: never quiet
+                await memory.search("billing module", cwd=project)
+                await anyio.sleep(0.1)
+            assert await store.count_needing_embedding("fake:new") == 3  # not yet
+
+            async def all_embedded() -> bool:
+                return not await store.count_needing_embedding("fake:new")
+
+            await eventually(all_embedded, within=10, what="the round once searches stop")
+            group.cancel_scope.cancel()
+
+
 # Several processes ----------------------------------------------------------------------
 
 WORKER = Path(__file__).with_name("maintenance_worker.py")

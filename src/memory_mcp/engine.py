@@ -108,7 +108,9 @@ class Engine:
         self._adopted: set[str] = set()  # project keys whose earlier keys were looked at
         self._due: dict[str, float] = {}  # records whose other passages await, since when
         self._completing: asyncio.Task[None] | None = None
-        self._active_at = 0.0  # when a store or search last asked for the model
+        # when a store or search last asked for the model (opening counts: a session's
+        # first calls come right after its server starts)
+        self._active_at = time.monotonic()
         self.plan = SearchPlan(
             candidates=settings.search.candidates,
             lexical_weight=settings.search.lexical_weight,
@@ -361,6 +363,16 @@ class Engine:
     def note_activity(self) -> None:
         """A store or a search is using the model: deferred embedding waits for quiet."""
         self._active_at = time.monotonic()
+
+    async def quiet(self, seconds: float, most: float) -> None:
+        """Wait until no store or search has asked for the model for ``seconds`` (since
+        this engine opened), or for ``most`` seconds at the longest."""
+        deadline = time.monotonic() + most
+        while (now := time.monotonic()) < deadline:
+            left = self._active_at + seconds - now
+            if left <= 0:
+                return
+            await asyncio.sleep(min(left, deadline - now))
 
     def complete_later(self, record_ids: Collection[str]) -> None:
         """Embed the rest of these records' passages after the caller has its answer.

@@ -43,6 +43,8 @@ _WORK: dict[str, Callable[[TaskRun], Awaitable[TaskReport]]] = {
 
 Progress = Callable[[str], None]
 
+QUIET_S = 2.0  # without a store or search, before a round of the server's loop
+
 
 def holder_name() -> str:
     """This process, as a lease holder: host, pid and a random part."""
@@ -187,12 +189,16 @@ async def loop(engine: Engine) -> None:
 
     Re-embedding is due whenever records await vectors; the other tasks every
     ``interval_minutes``, and at once while a sweep has facts left; a failed task
-    waits out its back-off.
+    waits out its back-off. Each round waits for ``QUIET_S`` without a store or
+    search (at most ``check_seconds``), the first one too: a session's first calls
+    come as its server starts, and a first search at 200,000 memories waited 0.4 s
+    for a round (its reads, and the vectors of another scope it loaded).
     """
     settings = engine.settings.maintenance
     await engine.embeddings.wait_settled(120)
     worker: Maintenance | None = None
     while True:
+        await engine.quiet(QUIET_S, settings.check_seconds)
         try:
             worker = worker or Maintenance(engine, sweep_budget=settings.sweep_facts)
             for report in await worker.run(due_only=True):
