@@ -682,10 +682,15 @@ def measure_server(root: Path, url: str, filled: Fill) -> ServerFigures:
     the model's batched pass).
 
     Its first search loads the model and the project's vectors; once it has settled
-    (the vectors' clusters built in the background), ``_SERVED_SEARCHES`` searches,
-    ``_SERVED_STORES`` stores of fresh memories and a brief through MCP, and once it
-    has settled again (the stores' deferred embedding), its memory.
+    (the vectors' clusters built in the background, a maintenance round),
+    ``_SERVED_SEARCHES`` searches, ``_SERVED_STORES`` stores of fresh memories and a
+    brief through MCP, and once it has settled again (the stores' deferred
+    embedding, maintenance), its memory. Settled: less than a tenth of a core over a
+    second more than maintenance waits without a call (``QUIET_S``), so that a round
+    that was due has run.
     """
+    from memory_mcp.maintenance.runner import QUIET_S
+
     count = filled.memories
     fresh = generate(_SERVED_STORES, seed=count + 7_919 * (filled.runs + 1))
     here = {"cwd": str(root)}
@@ -699,12 +704,12 @@ def measure_server(root: Path, url: str, filled: Fill) -> ServerFigures:
             served.call("memory_search", arguments)
             if n == 0:
                 first_search_s = served.since_launch()
-                served.settle()
+                served.settle(QUIET_S + 1)
         for n, (kind, text, tags) in enumerate(fresh):
             content = f"{text} [{filled.runs}.served.{n}]"
             served.call("memory_store", {"content": content, "kind": kind, "tags": tags, **here})
         served.call("memory_brief", here)
-        served.settle()
+        served.settle(QUIET_S + 1)
         return ServerFigures(first_search_s, served.resident_mb(), served.peak_mb())
 
 
