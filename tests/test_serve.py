@@ -354,3 +354,41 @@ def test_a_port_in_use_is_one_line_and_exit_78(env: dict[str, str], project: Pat
         f"error: port {taken} on 127.0.0.1 is in use (another memory-mcp server?); pick another "
         "with --port"
     ]
+
+
+async def test_the_vectors_start_loading_while_the_sdk_is_imported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store opens and the warm-up (the start directory's vectors) begins before the
+    server is built, which imports the MCP SDK in a thread meanwhile: the first search
+    of a large store does not wait for the import and then the load."""
+    import threading
+
+    from memory_mcp.config import load_settings
+    from memory_mcp.mcp import transports
+    from memory_mcp.service import MemoryService
+
+    began = threading.Event()
+
+    async def warm_up(self: MemoryService, cwd: object = None) -> None:
+        began.set()
+
+    class Built(Exception):
+        pass
+
+    def build(memory: MemoryService) -> None:  # in the worker thread, as the SDK's import
+        assert began.wait(10), "the warm-up had not begun"
+        raise Built
+
+    monkeypatch.setattr(MemoryService, "warm_up", warm_up)
+    monkeypatch.setattr(transports, "_build_server", build)
+    loaded = load_settings(
+        env={
+            "MEMORY_MCP_DATA_DIR": str(tmp_path / "data"),
+            "MEMORY_MCP_EMBEDDER_BACKEND": "bm25",
+            "MEMORY_MCP_MAINTENANCE_ENABLED": "false",
+        }
+    )
+    with pytest.raises(ExceptionGroup) as raised:
+        await transports.serve(loaded, "stdio")
+    assert raised.group_contains(Built)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import io
 import json
+import threading
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import anyio
 import pytest
 
 from helpers.storage import store_place
@@ -362,6 +364,27 @@ async def test_a_server_loads_its_projects_vectors_ahead_of_use(
         assert fresh.engine.store.vector_copy_bytes == 0
         await fresh.warm_up(project)
         assert fresh.engine.store.vector_copy_bytes > 0
+    # The store's vectors are known before the model is up: the load does not wait for it.
+    slow = _SlowToLoad()
+    async with MemoryService.open(settings, database=database, embedder=slow) as loading:
+        try:
+            with anyio.fail_after(5):
+                await loading.warm_up(project)
+            assert not loading.engine.embeddings.ready
+            assert loading.engine.store.vector_copy_bytes > 0
+        finally:
+            slow.loaded.set()
+
+
+class _SlowToLoad(FakeEmbedder):
+    """A model that loads once ``loaded`` is set (at most 10 s)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loaded = threading.Event()
+
+    def load(self, *, download: bool = False) -> None:
+        self.loaded.wait(10)
 
 
 async def test_a_record_without_a_vector_is_as_relevant_as_the_share_of_the_question_it_holds(

@@ -32,17 +32,19 @@ import sys
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
-from mcp.server.transport_security import TransportSecuritySettings
 
 from memory_mcp.config import LoadedSettings, ServeSettings, load_settings
 from memory_mcp.errors import ConfigError, MemoryMcpError
 from memory_mcp.mcp.tokens import CALLER_KEY, Tokens, read_tokens
-from memory_mcp.mcp.tools import build_server
 from memory_mcp.scope import project_root
 from memory_mcp.service import MemoryService
+
+if TYPE_CHECKING:
+    from mcp.server import MCPServer
+    from mcp.server.transport_security import TransportSecuritySettings
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +88,8 @@ def check_exposure(settings: ServeSettings) -> None:
 
 def transport_security(settings: ServeSettings) -> TransportSecuritySettings:
     """DNS-rebinding protection for the bound address (on for every address)."""
+    from mcp.server.transport_security import TransportSecuritySettings
+
     names = {"127.0.0.1", "localhost", "[::1]"}
     if not is_loopback(settings.host) and settings.host not in ("0.0.0.0", "::"):
         names.add(settings.host if ":" not in settings.host else f"[{settings.host}]")
@@ -179,13 +183,20 @@ async def serve(
     transport: Transport = "stdio",
     *,
     ready: Callable[[str], None] | None = None,
+    sdk_loaded: Callable[[], None] | None = None,
 ) -> None:
     """Run the server until its transport ends or a signal asks it to stop.
+
+    The store opens and the start directory's vectors start loading first; the MCP
+    SDK (0.6 s to import on a small machine) is imported meanwhile, in a thread: at
+    200,000 memories a session's first search came 0.2-0.3 s sooner than with the
+    load after the import.
 
     Args:
         loaded: the settings (``serve`` says where the HTTP transports bind).
         transport: stdio, sse or streamable-http.
         ready: called with a line saying where it serves, once it does.
+        sdk_loaded: called once the SDK is imported, before the server starts.
 
     Raises:
         ConfigError: an unsafe or impossible serve configuration.
@@ -200,7 +211,9 @@ async def serve(
             group.start_soon(memory.warm_up)  # the start directory's project
             if memory.settings.maintenance.enabled:
                 group.start_soon(memory.maintenance_loop)
-            server = build_server(memory)
+            server = await anyio.to_thread.run_sync(_build_server, memory)
+            if sdk_loaded is not None:
+                sdk_loaded()
             if transport == "stdio":
                 log.info("serving MCP over stdio (%s)", memory.location)
                 await server.run_stdio_async()
@@ -216,6 +229,14 @@ async def serve(
     finally:
         if listener is not None:
             listener.close()
+
+
+def _build_server(memory: MemoryService) -> MCPServer[Any]:
+    """The MCP server of ``memory``, the SDK imported first (in a worker thread: the
+    warm-up goes on meanwhile)."""
+    from memory_mcp.mcp.tools import build_server
+
+    return build_server(memory)
 
 
 def bind(host: str, port: int, setting: str | None = "serve.port") -> socket.socket:
@@ -260,16 +281,19 @@ def serve_behind_front(
         loaded: the settings, as the front loaded them (None: it could not; they are
             loaded here, and what is wrong with them is said).
     """
-    from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
-    handshake_versions(list(HANDSHAKE_PROTOCOL_VERSIONS))
+    def sdk_loaded() -> None:
+        from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+
+        handshake_versions(list(HANDSHAKE_PROTOCOL_VERSIONS))
+
     logging.basicConfig(
         level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s"
     )
     try:
         if loaded is None:
             loaded = load_settings(project_root=project_root(cwd))
-        anyio.run(partial(serve, loaded, "stdio"))
+        anyio.run(partial(serve, loaded, "stdio", sdk_loaded=sdk_loaded))
     except MemoryMcpError as exc:
         print(f"memory-mcp: error: {exc}", file=sys.stderr)
         return exc.exit_code
