@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import os
 import shutil
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
@@ -903,6 +905,22 @@ async def _kept(store: SqliteStore) -> None:
         writer.join(30)
 
 
+async def _with_kept_copy(
+    tmp_path: Path, vectors: np.ndarray, monkeypatch: pytest.MonkeyPatch
+) -> SqliteStore:
+    """The store ``tmp_path/m.db``, its scope of a row for each of ``vectors``
+    clustered and kept."""
+    store = await SqliteStore.open(tmp_path / "m.db")
+    try:
+        rows = [fact(f"f {i}", embedder="m") for i in range(len(vectors))]
+        await _clustered(store, rows, vectors, monkeypatch)
+        await _kept(store)
+    except BaseException:
+        await store.close()
+        raise
+    return store
+
+
 def _chunk_reads(store: SqliteStore) -> list[str]:
     """The statements a store's reader runs that read vec0's vector chunks, as it runs them."""
     seen: list[str] = []
@@ -967,14 +985,7 @@ async def test_a_kept_copy_that_cannot_be_trusted_is_read_from_vec0_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spoil: str
 ) -> None:
     vectors = _around_centres(600, 12, seed=4)
-    first = await SqliteStore.open(tmp_path / "m.db")
-    try:
-        await _clustered(
-            first, [fact(f"f {i}", embedder="m") for i in range(600)], vectors, monkeypatch
-        )
-        await _kept(first)
-    finally:
-        await first.close()
+    await (await _with_kept_copy(tmp_path, vectors, monkeypatch)).close()
     kept = tmp_path / "m.db-vectors"
     (codes,) = kept.glob("*.codes")
     database = tmp_path / "m.db"
@@ -1019,5 +1030,44 @@ async def test_a_kept_copy_that_cannot_be_trusted_is_read_from_vec0_again(
         owners = {records[int(r) // dense.MAX_PASSAGES] for r in held.rowid[: held.size] if r >= 0}
         want = "o " if spoil == "another store" else "f "
         assert owners and all(text.startswith(want) for text in owners)
+    finally:
+        await store.close()
+
+
+async def test_kept_copies_of_scopes_and_tables_without_vectors_are_pruned(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``status`` counts the kept copies; maintenance's purge removes those of scopes
+    that hold no vectors any more, of vector tables the store no longer has, and code
+    files an hour old that no copy names, and keeps the rest."""
+    store = await _with_kept_copy(tmp_path, _around_centres(600, 12, seed=6), monkeypatch)
+    try:
+        folder = tmp_path / "m.db-vectors"
+        (kept,) = [p.with_suffix("") for p in folder.glob("*.npz")]
+        size = sum(p.stat().st_size for p in folder.iterdir())
+        assert (await store.stats()).cache_bytes == size > 0
+        # a copy of a table the store does not have, an orphan code file old and new
+        gone = folder / "vec_99-0123456789abcdef01234567"
+        for suffix in (".npz", ".codes"):
+            shutil.copy(kept.with_name(kept.name + suffix), gone.with_name(gone.name + suffix))
+        with np.load(gone.with_name(gone.name + ".npz")) as data:
+            arrays = {name: data[name] for name in data.files}
+        meta = json.loads(str(arrays.pop("meta")))
+        meta["table"] = "vec_99"
+        np.savez(gone.with_name(gone.name + ".npz"), meta=np.asarray(json.dumps(meta)), **arrays)
+        old, new = folder / "vec_1-old.codes", folder / "vec_1-new.codes"
+        old.write_bytes(b"x" * 100)
+        new.write_bytes(b"x" * 100)
+        os.utime(old, (time.time() - 7200, time.time() - 7200))
+        gone_bytes = sum(p.stat().st_size for p in folder.glob("vec_99-*"))
+        assert await store.prune_caches() == gone_bytes
+        assert kept.with_name(kept.name + ".codes").exists() and not old.exists() and new.exists()
+        assert not list(folder.glob("vec_99-*"))
+        assert await store.prune_caches() == 0  # what is left is wanted
+        # the scope's records archived: its copy goes
+        with contextlib.closing(sqlite3.connect(tmp_path / "m.db")) as conn, conn:
+            conn.execute("UPDATE records SET archived_at = '2026-01-01T00:00:00Z'")
+        assert await store.prune_caches() > 0
+        assert not list(folder.glob("*.npz")) and not kept.with_name(kept.name + ".codes").exists()
     finally:
         await store.close()

@@ -49,8 +49,10 @@ def status(cwd: CwdOption = None, as_json: JsonOption = False) -> None:
         print_json(data)
         return
     e = info.embedder
-    size = info.database_bytes / 1e6
-    out.print(f"storage         {info.backend}: {info.database} ({size:.1f} MB)")
+    size = f"{info.database_bytes / 1e6:.1f} MB"
+    if info.stats.cache_bytes:
+        size += f"; {info.stats.cache_bytes / 1e6:.1f} MB of vectors kept beside it"
+    out.print(f"storage         {info.backend}: {info.database} ({size})")
     out.print(f"driver          {info.driver}")
     effective = e.effective if e.effective != "bm25" else "bm25 (lexical floor, no vectors)"
     out.print(f"embedder        {effective}  [configured: {e.configured}, state: {e.state}]")

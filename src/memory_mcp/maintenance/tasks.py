@@ -249,4 +249,7 @@ async def purge(run: TaskRun) -> TaskReport:
         async with run.store.write() as tx:
             purged += await tx.purge([r.id for r in old], before, format_time(now))
         await run.renew()
-    return TaskReport("purge", counts={"purged": purged})
+    counts = {"purged": purged}
+    if freed := await run.store.prune_caches():  # kept vectors of scopes now without any
+        counts["MB of kept vectors freed"] = max(1, round(freed / 1e6))
+    return TaskReport("purge", counts=counts)

@@ -123,6 +123,7 @@ class StoreStats:
     vector_indexes: list[tuple[str, str, int, int]] = field(default_factory=list)
     open_conflicts: int = 0
     database_bytes: int = 0
+    cache_bytes: int = 0  # kept beside the database, safe to delete (SQLite: kept vectors)
 
 
 @dataclass(frozen=True)
@@ -338,6 +339,11 @@ class SearchBranches(Neighbours, Protocol):
 
     def forget_word_counts(self) -> None:
         """Drop any cached word statistics (``rare_words``)."""
+        ...
+
+    async def prune_caches(self) -> int:
+        """Remove what the backend keeps beside the store for records or vectors it no
+        longer holds (maintenance's ``purge``); the bytes freed."""
         ...
 
     async def analyze(self) -> None:

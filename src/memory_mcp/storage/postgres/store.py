@@ -350,6 +350,10 @@ class PgStore(UpkeepReads, Queries):
     def forget_word_counts(self) -> None:
         self.word_counts.forget()
 
+    async def prune_caches(self) -> int:
+        """Nothing: the server keeps nothing beside the database."""
+        return 0
+
     async def analyze(self) -> None:
         """ANALYZE the tables an import fills. Until autovacuum gets to them (up to a
         minute), the planner knows them as the migrations left them, empty: searches

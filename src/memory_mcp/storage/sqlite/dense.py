@@ -110,7 +110,7 @@ _KEPT_ARRAYS = ("scale", "rowid", "corpus", "kind", "cell")
 # again at once: 5,852 of them took 0.66 s to read again at 200,000 memories.
 _KEEP_AGAIN_AFTER = 1000
 # The records whose rows a scope's copy holds (parameters: the scope, the embedder).
-_HELD = "scope_key = ? AND embedder = ? AND live = 1 AND vec_rows > 0"
+HELD = "scope_key = ? AND embedder = ? AND live = 1 AND vec_rows > 0"
 
 CLUSTER_FROM = 20_000  # rows of a scope from which its searches probe clusters
 PROBE_ROWS = 256  # rows a probe scores at least, on average (``probed_clusters``)
@@ -857,6 +857,48 @@ def _read_kept(
     return segment
 
 
+def kept_copies(folder: Path) -> list[tuple[Path, dict[str, Any] | None]]:
+    """The copies kept in ``folder``: each one's path (``.npz`` and ``.codes`` beside
+    it) and what it is (None: unreadable). Code files an hour old whose copy has no
+    record, and temporary files of writers that died, are removed."""
+    found: list[tuple[Path, dict[str, Any] | None]] = []
+    for record in sorted(folder.glob("*.npz")):
+        meta: dict[str, Any] | None = None
+        with contextlib.suppress(OSError, ValueError, KeyError), np.load(record) as data:
+            meta = json.loads(str(data["meta"]))
+        found.append((record.with_suffix(""), meta))
+    now = time.time()
+    for leftover in [*folder.glob("*.tmp"), *folder.glob("*.codes")]:
+        with contextlib.suppress(OSError):
+            orphan = leftover.suffix == ".tmp" or not leftover.with_suffix(".npz").exists()
+            if orphan and now - leftover.stat().st_mtime > 3600:
+                leftover.unlink()
+    return found
+
+
+def drop_kept(path: Path) -> int:
+    """Remove a kept copy (a process that maps it goes on with it); the bytes freed."""
+    freed = 0
+    for suffix in (".npz", ".codes"):
+        with contextlib.suppress(OSError):
+            file = path.with_name(path.name + suffix)
+            size = file.stat().st_size
+            file.unlink()
+            freed += size
+    return freed
+
+
+def folder_bytes(folder: Path | None) -> int:
+    """The bytes of the files in ``folder`` (0 if there is none)."""
+    if folder is None or not folder.is_dir():
+        return 0
+    total = 0
+    for file in folder.iterdir():
+        with contextlib.suppress(OSError):
+            total += file.stat().st_size
+    return total
+
+
 def _mappable(file: IO[bytes], folder: Path | None) -> bool:
     """Whether a kept copy's code file can be mapped where segments keep codes in files."""
     if folder is None or not _FILES_WORK:
@@ -1146,7 +1188,7 @@ class DenseIndex:
         if await self._from_kept(fetch, scope_key):
             return
         slots = await fetch(
-            f"SELECT seq, corpus, kind FROM records WHERE {_HELD}", [scope_key, self.embedder]
+            f"SELECT seq, corpus, kind FROM records WHERE {HELD}", [scope_key, self.embedder]
         )
         owners = self._owners(slots)
         chunks = await fetch(
@@ -1279,7 +1321,7 @@ class DenseIndex:
                 [self.embedder, meta["position"], self.position],
             )
             rows = await fetch(
-                f"SELECT coalesce(sum(vec_rows), 0) FROM records WHERE {_HELD}",
+                f"SELECT coalesce(sum(vec_rows), 0) FROM records WHERE {HELD}",
                 [scope_key, self.embedder],
             )
             return changed, int(rows[0][0])

@@ -200,7 +200,7 @@ class SqliteStore(VectorTables, UpkeepReads):
             return f"through vec0 ({self._copy_off})"
         held = f"in-memory copy, {self.vector_copy_bytes / 1e6:.1f} MB loaded"
         filed = sum(i.file_bytes for i in self._copies.values())
-        return f"{held} (and {filed / 1e6:.1f} MB in a temporary file)" if filed else held
+        return f"{held} (and {filed / 1e6:.1f} MB in files)" if filed else held
 
     @property
     def vector_copy_bytes(self) -> int:
@@ -593,6 +593,9 @@ class SqliteStore(VectorTables, UpkeepReads):
             for p in (self.path, Path(f"{self.path}-wal"), Path(f"{self.path}-shm"))
             if p.exists()
         )
+        from memory_mcp.storage.sqlite.dense import folder_bytes
+
+        stats.cache_bytes = await anyio.to_thread.run_sync(folder_bytes, self.kept_folder)
         return stats
 
     def forget_word_counts(self) -> None:

@@ -234,10 +234,39 @@ class VectorTables:
                 return None
             # setdefault: another search may have made it while this one waited
             folder = None if str(self.path) == ":memory:" else self.path.parent
-            kept = None if folder is None else folder / f"{self.path.name}-vectors"
-            made = DenseIndex(table, embedder, int(dims[0][0]), folder, kept)
+            made = DenseIndex(table, embedder, int(dims[0][0]), folder, self.kept_folder)
             index = self._copies.setdefault(table, made)
         return index
+
+    @property
+    def kept_folder(self) -> Path | None:
+        """Where clustered scopes' copies are kept for the next process (``dense``)."""
+        if str(self.path) == ":memory:":
+            return None
+        return self.path.parent / f"{self.path.name}-vectors"
+
+    async def prune_caches(self) -> int:
+        """Remove the kept copies of vector tables the store no longer has and of scopes
+        that no longer hold vectors (a project archived or purged, an embedder replaced
+        by a re-embedding); the bytes freed."""
+        from memory_mcp.storage.sqlite import dense
+
+        folder = self.kept_folder
+        if folder is None or not folder.is_dir():
+            return 0
+        tables = dict(await self.reads.fetch("SELECT table_name, embedder FROM vector_indexes", []))
+        freed = 0
+        for path, meta in await anyio.to_thread.run_sync(dense.kept_copies, folder):
+            wanted = meta is not None and tables.get(meta.get("table")) == meta.get("embedder")
+            if wanted and meta is not None:
+                held = await self.reads.fetch(
+                    f"SELECT 1 FROM records WHERE {dense.HELD} LIMIT 1",
+                    [meta.get("scope"), meta.get("embedder")],
+                )
+                wanted = bool(held)
+            if not wanted:
+                freed += await anyio.to_thread.run_sync(dense.drop_kept, path)
+        return freed
 
     async def _prepared(self, index: DenseIndex, scope_keys: Collection[str]) -> bool:
         """Bring ``index`` up to date for these scopes (hold its lock); False: copies are off."""
