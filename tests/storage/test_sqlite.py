@@ -1071,3 +1071,39 @@ async def test_kept_copies_of_scopes_and_tables_without_vectors_are_pruned(
         assert not list(folder.glob("*.npz")) and not kept.with_name(kept.name + ".codes").exists()
     finally:
         await store.close()
+
+
+async def test_writes_of_another_process_to_several_scopes_reach_each_scopes_copy(
+    tmp_path: Path,
+) -> None:
+    """A copy catching up with another process's writes (``_reread``) puts each record's
+    rows in its own scope's segment, with its own corpus and kind."""
+    vectors = _around_centres(40, 8, seed=9)
+    ours = await SqliteStore.open(tmp_path / "m.db")
+    theirs = await SqliteStore.open(tmp_path / "m.db")
+    try:
+        async with ours.write() as tx:
+            for i in range(20):
+                await tx.insert(fact(f"a {i}", embedder="m"), vectors[i][None, :])
+                await tx.insert(
+                    fact(f"b {i}", embedder="m", scope_key="/other"), vectors[20 + i][None, :]
+                )
+        assert await ours.load_vectors("m", ["/repo", "/other"])
+        late = {
+            "/repo": fact("late a", embedder="m", kind="decision"),
+            "/other": fact("late b", embedder="m", scope_key="/other"),
+        }
+        async with theirs.write() as tx:  # another process: ours learns it from the log
+            await tx.insert(late["/repo"], vectors[3][None, :])
+            await tx.insert(late["/other"], vectors[24][None, :])
+        for scope, record, near in (("/repo", late["/repo"], 3), ("/other", late["/other"], 24)):
+            filters = Filters(scope_keys=(scope,), corpora=("facts",))
+            found = [h.record.id for h in await ours.nearest(vectors[near], "m", filters, 3)]
+            assert record.id in found[:2]
+            assert late["/other" if scope == "/repo" else "/repo"].id not in found
+        decisions = Filters(scope_keys=("/repo",), corpora=("facts",), kinds=("decision",))
+        hits = await ours.nearest(vectors[3], "m", decisions, 3)
+        assert [h.record.id for h in hits] == [late["/repo"].id]
+    finally:
+        await theirs.close()
+        await ours.close()

