@@ -214,10 +214,11 @@ def test_rows_written_after_the_clustering_are_scored_in_the_tail(
         positions, sims, _ = probed
         best = positions[int(np.argmax(sims))]
         assert int(segment.rowid[best]) == (10_000 + n) * dense.MAX_PASSAGES
-    # a tenth of the rows in the tail asks for another clustering
-    assert not segment.wants_clusters
-    _fill(segment, _clustered_rows(400, 24, seed=5), first_seq=20_000)
-    assert segment.wants_clusters
+    # a fiftieth of the rows in the tail asks for another clustering
+    _fill(segment, _clustered_rows(50, 24, seed=5), first_seq=20_000)
+    assert not segment.wants_clusters  # 55 of 3,055 rows
+    _fill(segment, _clustered_rows(10, 24, seed=6), first_seq=21_000)
+    assert segment.wants_clusters  # 65 of 3,065
 
 
 def test_records_written_again_while_clustering_go_to_the_tail(
