@@ -914,7 +914,9 @@ async def _with_kept_copy(
     try:
         rows = [fact(f"f {i}", embedder="m") for i in range(len(vectors))]
         await _clustered(store, rows, vectors, monkeypatch)
-        await _kept(store)
+        # settled: the copy is kept too
+        assert not any(w.is_alive() for w in _index(store)._writers)
+        assert list((tmp_path / "m.db-vectors").glob("*.npz"))
     except BaseException:
         await store.close()
         raise

@@ -1053,8 +1053,8 @@ class DenseIndex:
         await self._keep_landed(fetch, scope_keys)
 
     async def settle(self, fetch: Fetch, scope_keys: Collection[str], seconds: float) -> bool:
-        """Wait up to ``seconds`` for these scopes' clusterings (hold ``lock``);
-        True if none is still running."""
+        """Wait up to ``seconds`` for these scopes' clusterings, and for the copies being
+        kept (hold ``lock``); True if no clustering is still running."""
         deadline = anyio.current_time() + seconds
         for key in scope_keys:
             segment = self._segments.get(key)
@@ -1063,6 +1063,9 @@ class DenseIndex:
                 left = max(0.0, deadline - anyio.current_time())
                 await anyio.to_thread.run_sync(job.thread.join, left)
         await self.keep_clustered(fetch, scope_keys)
+        for writer in self._writers:  # 180 MB written at 200,000 memories: work of the index
+            left = max(0.0, deadline - anyio.current_time())
+            await anyio.to_thread.run_sync(writer.join, left)
         return not any(
             s._clustering is not None
             for k in scope_keys
