@@ -59,7 +59,15 @@ import tempfile
 import threading
 import time
 import zlib
-from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import (
+    Awaitable,
+    Callable,
+    Collection,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -766,7 +774,7 @@ def _write_kept(
     one file of one copy and the other of another sees the checksum differ."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        _drop_stale(path)
+        _drop_stale(path.parent.glob(path.name + ".*.tmp"))
         crc = 0
         with _renamed(path.with_name(path.name + ".codes")) as out:
             for start in range(0, size, 16 * BLOCK):
@@ -799,10 +807,10 @@ def _renamed(target: Path) -> Iterator[IO[bytes]]:
     os.replace(out.name, target)
 
 
-def _drop_stale(path: Path, age_s: float = 3600.0) -> None:
-    """Remove what writers of ``path`` that died left behind (temporary files an hour old)."""
+def _drop_stale(leftovers: Iterable[Path], age_s: float = 3600.0) -> None:
+    """Remove those of ``leftovers`` (files writers that died left behind) an hour old."""
     now = time.time()
-    for leftover in path.parent.glob(path.name + ".*.tmp"):
+    for leftover in leftovers:
         with contextlib.suppress(OSError):
             if now - leftover.stat().st_mtime > age_s:
                 leftover.unlink()
@@ -871,12 +879,8 @@ def kept_copies(folder: Path) -> list[tuple[Path, dict[str, Any] | None]]:
         with contextlib.suppress(OSError, ValueError, KeyError), np.load(record) as data:
             meta = json.loads(str(data["meta"]))
         found.append((record.with_suffix(""), meta))
-    now = time.time()
-    for leftover in [*folder.glob("*.tmp"), *folder.glob("*.codes")]:
-        with contextlib.suppress(OSError):
-            orphan = leftover.suffix == ".tmp" or not leftover.with_suffix(".npz").exists()
-            if orphan and now - leftover.stat().st_mtime > 3600:
-                leftover.unlink()
+    orphans = [c for c in folder.glob("*.codes") if not c.with_suffix(".npz").exists()]
+    _drop_stale([*folder.glob("*.tmp"), *orphans])
     return found
 
 
