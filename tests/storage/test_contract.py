@@ -403,6 +403,37 @@ async def test_records_without_vectors_wait_for_them(store: Store) -> None:
         assert await store.dense_embedders() == {"test:3": 1}
 
 
+async def test_the_records_awaiting_vectors_are_counted_by_embedder_and_liveness(
+    store: Store,
+) -> None:
+    """Missing, from an embedder sorting before or after the one asked, or (with
+    ``incomplete``) due beyond the whole text: each current record counts once; a record
+    that is not current never does."""
+    if not store.vectors_available:
+        pytest.skip("the backend keeps no vectors")
+    bare, early, late, whole, due, done = (record(f"note number {n}") for n in range(6))
+    gone_bare, gone_other = record("archived bare"), record("archived elsewhere")
+    await insert(store, bare, gone_bare)
+    async with store.write() as tx:
+        for r, embedder in ((early, "test:1"), (late, "test:9"), (gone_other, "test:1")):
+            await tx.insert(r, None)
+            assert await tx.set_vectors([(r, unit(0, 1, 0)[None, :])], embedder) == 1
+        for r in (whole, due, done):
+            await tx.insert(r, None)
+            assert await tx.set_vectors([(r, unit(1, 0, 0)[None, :])], "test:3") == 1
+        await tx.mark_vectors_due(due.id)
+        await tx.mark_vectors_due(whole.id)
+    async with store.write() as tx:  # whole's passages came since
+        assert await tx.set_vectors([(whole, np.stack([unit(1, 0, 0), unit(1, 1, 0)]))], "test:3")
+    async with store.write() as tx:
+        for r in (gone_bare, gone_other):
+            assert await tx.archive(r.id, "test", format_time(NOW))
+    assert await store.count_needing_embedding("test:3", incomplete=False) == 3
+    assert await store.count_needing_embedding("test:3") == 4  # and due
+    assert await store.count_needing_embedding("test:1", incomplete=False) == 5
+    assert await store.count_needing_embedding(None) == 0
+
+
 # Conflicts -----------------------------------------------------------------------------
 
 

@@ -236,7 +236,9 @@ def test_m012_gives_every_current_record_its_neighbours_in_time(tmp_path: Path) 
             [record_id, key, record_id, at, at, archived],
         )
     conn.commit()
-    assert migrate(conn, db_path=db, connect=connect) == ["m012_neighbours"]
+    assert migrate(conn, db_path=db, connect=connect, migrations=MIGRATIONS[:12]) == [
+        "m012_neighbours"
+    ]
     kept = {
         str(row[0]): row[1:]
         for row in conn.execute(
@@ -259,4 +261,35 @@ def test_m012_gives_every_current_record_its_neighbours_in_time(tmp_path: Path) 
         "WHERE r.id = 'f_1'"
     ).fetchone() == ("f_4", "f_2")
     assert conn.execute(neighbours.DISAGREEING).fetchone() == (0,)
+    assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+
+
+def test_m013_counts_the_records_awaiting_vectors_from_the_embedders_index(
+    tmp_path: Path,
+) -> None:
+    """After m013 the count reads ranges of ``records_embedder`` and the due records'
+    index, never every record; the index keeps the rows it had."""
+    from memory_mcp.storage.sqlite.sql import awaiting_sql
+
+    db = tmp_path / "m.db"
+    conn = connect(str(db))
+    migrate(conn, db_path=db, connect=connect, migrations=MIGRATIONS[:12])
+    for n, embedder in enumerate(["m", None, "other"]):
+        conn.execute(
+            "INSERT INTO records (id, corpus, kind, scope, scope_key, content, content_hash, "
+            "agent, created_at, updated_at, embedder, vec_rows) VALUES (?, 'facts', 'fact', "
+            "'project', '/repo', 'note', ?, 'cli', 'x', 'x', ?, ?)",
+            [f"f_{n}", f"h{n}", embedder, int(embedder is not None)],
+        )
+    conn.commit()
+    assert migrate(conn, db_path=db, connect=connect) == ["m013_embedder_live"]
+    columns = [row[2] for row in conn.execute("PRAGMA index_info(records_embedder)")]
+    assert columns == ["embedder", "live"]
+    for incomplete in (False, True):
+        sql, params = awaiting_sql(incomplete), ["m"] * (3 if incomplete else 2)
+        steps = [str(row[-1]) for row in conn.execute("EXPLAIN QUERY PLAN " + sql, params)]
+        reads = [step for step in steps if "records" in step]
+        walks = ("SEARCH records USING", "SCAN records USING INDEX records_vectors_due")
+        assert reads and all(step.startswith(walks) for step in reads), steps
+        assert conn.execute(sql, params).fetchone() == (2,)
     assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)

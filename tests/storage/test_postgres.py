@@ -347,7 +347,8 @@ async def test_m010_gives_each_posting_its_records_kind(url: str) -> None:
             )
         cursor = await conn.execute("SELECT count(*) FROM postings")
         assert await cursor.fetchone() == (4,)
-        assert await migrations.migrate(conn, "m010_test") == ["m010_postings_kind"]
+        ahead = tuple(m for m in migrations.MIGRATIONS if m.name < "m011")
+        assert await migrations.migrate(conn, "m010_test", ahead) == ["m010_postings_kind"]
         cursor = await conn.execute("SELECT seq, term, kind FROM postings ORDER BY 1, 2")
         assert await cursor.fetchall() == [
             (1, "deploy", "decision"),

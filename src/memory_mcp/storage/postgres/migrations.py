@@ -442,6 +442,13 @@ END $$;
 ANALYZE postings;
 """
 
+# ``records_embedder`` holds ``live`` after the embedder (SQLite's m013): the records that
+# await vectors are counted from their ranges of it instead of a scan of every record.
+M011_EMBEDDER_LIVE = """
+DROP INDEX records_embedder;
+CREATE INDEX records_embedder ON records (embedder, live);
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration("m001_records", M001_RECORDS),
     Migration("m002_scope_aliases", M002_SCOPE_ALIASES),
@@ -453,6 +460,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration("m008_worth", M008_WORTH),
     Migration("m009_ivfflat", M009_IVFFLAT),
     Migration("m010_postings_kind", M010_POSTINGS_KIND),
+    Migration("m011_embedder_live", M011_EMBEDDER_LIVE),
 )
 
 

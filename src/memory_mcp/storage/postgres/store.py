@@ -376,12 +376,14 @@ class PgStore(UpkeepReads, Queries):
     ) -> int:
         if embedder is None:
             return 0
-        due = " OR vectors_due = 1" if incomplete else ""
-        rows = await self.fetch(
-            "SELECT count(*) FROM records "
-            f"WHERE live AND (embedder IS NULL OR embedder <> %s{due})",
-            [embedder],
+        # as ranges of records_embedder (embedder, live), as SQLite's (sql.awaiting_sql)
+        missing = (
+            "SELECT count(*) FROM records WHERE live "
+            "AND (embedder IS NULL OR embedder < %s OR embedder > %s)"
         )
+        due = "SELECT count(*) FROM records WHERE vectors_due = 1 AND live AND embedder = %s"
+        sql = f"SELECT ({missing}) + ({due})" if incomplete else missing
+        rows = await self.fetch(sql, [embedder] * (3 if incomplete else 2))
         return int(rows[0][0])
 
     async def dense_embedders(self) -> dict[str, int]:

@@ -331,6 +331,14 @@ def _m012_neighbours(conn: sqlite3.Connection) -> None:
         conn.execute(statement)
 
 
+def _m013_embedder_live(conn: sqlite3.Connection) -> None:
+    """``records_embedder`` holds ``live`` after the embedder: the records that await
+    vectors are counted from it alone (``sql.awaiting_sql``: 0.1 ms instead of a scan of
+    every record, 60-70 ms at 200,000 memories). 0.9 s at 294,000 records."""
+    conn.execute("DROP INDEX records_embedder")
+    conn.execute("CREATE INDEX records_embedder ON records (embedder, live)")
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration("m001_records", _script(M001_RECORDS)),
     Migration("m002_emphasis", _m002_emphasis),
@@ -344,6 +352,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration("m010_postings_kind", _m010_postings_kind),
     Migration("m011_live_by_seq", _m011_live_by_seq),
     Migration("m012_neighbours", _m012_neighbours),
+    Migration("m013_embedder_live", _m013_embedder_live),
 )
 
 

@@ -46,6 +46,7 @@ from memory_mcp.storage.sqlite.migrations import copy_database, prepare_file
 from memory_mcp.storage.sqlite.queries import Queries
 from memory_mcp.storage.sqlite.sql import (
     SELECT,
+    awaiting_sql,
     filters_sql,
     marks,
     record_of,
@@ -472,11 +473,8 @@ class SqliteStore(VectorTables, UpkeepReads):
     ) -> int:
         if embedder is None:
             return 0
-        due = " OR vectors_due = 1" if incomplete else ""
         rows = await self.reads.fetch(
-            "SELECT count(*) FROM records "
-            f"WHERE live = 1 AND (embedder IS NULL OR embedder != ?{due})",
-            [embedder],
+            awaiting_sql(incomplete), [embedder] * (3 if incomplete else 2)
         )
         return int(rows[0][0])
 
