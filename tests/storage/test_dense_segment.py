@@ -305,6 +305,45 @@ def test_find_follows_the_rows_appended_since_the_sort(
     assert (found >= 5).sum() == 2  # the new rows of 192 and 193, not the dropped one
 
 
+def test_rows_merged_into_the_sort_are_found_as_a_full_sort_finds_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Records appended, dropped and written again over many merges of the rows
+    appended since the sort (``_merge_since``): ``find`` gives every live row of the
+    rowids asked and no dropped one, as a segment sorted afresh does."""
+    monkeypatch.setattr(dense, "_UNSORTED_MOST", 5)
+    rng = np.random.default_rng(3)
+    segment = _Segment(8)
+    live: set[int] = set()
+    for step in range(60):
+        seqs = rng.choice(40, size=int(rng.integers(1, 6)), replace=False)
+        if step % 3 == 2:
+            segment.drop(seqs)
+            live -= {int(q) * dense.MAX_PASSAGES + p for q in seqs for p in range(2)}
+        else:
+            segment.drop(seqs)  # written again: its old rows go first
+            rowids = [int(q) * dense.MAX_PASSAGES + p for q in seqs for p in range(2)]
+            segment.append(*_rows(rowids))
+            live -= {
+                r // dense.MAX_PASSAGES * dense.MAX_PASSAGES + p for r in rowids for p in (0, 1)
+            }
+            live |= set(rowids)
+        if step % 7 == 0:
+            continue  # let appends pile up past the limit before the next find
+        asked = np.asarray(sorted({*live, 1, 7 * dense.MAX_PASSAGES + 5}), np.int64)
+        found = segment.find(asked)
+        assert sorted(segment.rowid[found].tolist()) == sorted(live), step
+        assert len(found) == len(set(found.tolist()))
+    assert segment._sorted > 0  # merged, not only looked up among the appended rows
+    fresh = _Segment(8)
+    live_rows = np.flatnonzero(segment.rowid[: segment.size] >= 0)
+    fresh.append(*_rows(segment.rowid[live_rows].tolist()))
+    asked = np.asarray(sorted(live), np.int64)
+    assert sorted(fresh.rowid[fresh.find(asked)].tolist()) == sorted(
+        segment.rowid[segment.find(asked)].tolist()
+    )
+
+
 def test_rows_a_filter_drops_take_no_exact_slot() -> None:
     """Rows of another kind nearest the query would fill the EXACT_TOP rescored rows: the
     rows a ranking keeps get them, so its best rows have their exact cosines."""
