@@ -30,6 +30,29 @@ def test_the_generator_is_seeded_varied_and_has_near_duplicates() -> None:
     assert sum(text.endswith("(again).") for _, text, _ in first) >= 5
 
 
+@pytest.mark.sqlite_only
+async def test_bytes_per_memory_count_the_vectors_kept_beside_the_database(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A store's kept vector copies are disk it takes (176 MB at 200,000 memories)."""
+    from memory_mcp.storage.sqlite import SqliteStore
+
+    seen: list[tuple[int, int]] = []
+    stats = SqliteStore.stats
+
+    async def with_copies(self: SqliteStore) -> object:
+        found = await stats(self)
+        found.cache_bytes = 3_000_000
+        seen.append((found.database_bytes, sum(found.records.values())))
+        return found
+
+    monkeypatch.setattr(SqliteStore, "stats", with_copies)
+    report = await run_perf([30], Settings(), samples=5, embedder=FakeEmbedder())
+    (point,) = report.points
+    database_bytes, records = seen[-1]
+    assert point.bytes_per_memory == round((database_bytes + 3_000_000) / records, 1)
+
+
 @pytest.mark.sqlite_only  # bench perf measures the SQLite files it makes
 async def test_a_tiny_perf_run_reports_every_figure() -> None:
     report = await run_perf([30], Settings(), samples=5, embedder=FakeEmbedder())

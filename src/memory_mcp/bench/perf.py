@@ -617,7 +617,7 @@ async def measure(
         search_after_store_p95_ms=round(_percentile(after_store_ms, 0.95), 2),
         first_search_ms=round(first_search_ms, 1),
         brief_inject_ms=round(statistics.median(brief_ms), 1),
-        bytes_per_memory=round(stats.database_bytes / max(1, total), 1),
+        bytes_per_memory=round((stats.database_bytes + stats.cache_bytes) / max(1, total), 1),
         rss_mb=round(resident_mb(), 1),
         embedder=memory.engine.embeddings.identity or "bm25",
         run_on_store=filled.runs,
