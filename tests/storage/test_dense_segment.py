@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -83,6 +84,29 @@ def _clustered(segment: _Segment) -> None:
     assert job is not None
     job.thread.join(60)
     assert segment.settle() is False and segment.centroids is not None
+
+
+@pytest.mark.skipif(not hasattr(os, "setpriority"), reason="no thread priorities here")
+def test_a_clustering_runs_niced_and_leaves_the_callers_priority_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The clustering thread yields the cores (``background``: niceness 19 on Linux)."""
+    import sys
+    import threading
+
+    seen: list[int] = []
+    cluster = dense.cluster
+
+    def watched(*args: object) -> object:
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        return cluster(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(dense, "cluster", watched)
+    before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    _clustered_segment(monkeypatch, 1500, 4, seed=2, folder=None)
+    assert seen and os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before
+    if sys.platform == "linux":
+        assert seen == [max(before, dense.BACKGROUND_NICE)]
 
 
 def test_a_clustered_segment_scores_a_few_clusters_and_finds_the_exact_top(
