@@ -182,6 +182,49 @@ async def test_perf_waits_for_the_clusters_and_measures_their_recall(
     assert point.dense_recall_at_50 is not None and 0 < point.dense_recall_at_50 < 1
 
 
+@pytest.mark.sqlite_only
+async def test_the_timed_searches_wait_for_the_clustering_the_stores_started(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The bench's stores grow the scope's tail past its share; the clustering that
+    starts then has ended (and its wait is reported) before the first timed search."""
+    import time
+
+    from memory_mcp.service import MemoryService
+    from memory_mcp.storage.sqlite import dense
+
+    monkeypatch.setattr(dense, "CLUSTER_FROM", 40)
+    monkeypatch.setattr(dense, "PROBE_ROWS", 1)
+    jobs: list[dense._Clustering] = []
+    start = dense._Segment.start_clustering
+    cluster = dense.cluster
+
+    def started(self: dense._Segment) -> dense._Clustering:
+        jobs.append(start(self))
+        return jobs[-1]
+
+    def slow(*args: object) -> object:
+        time.sleep(0.5)
+        return cluster(*args)  # type: ignore[arg-type]
+
+    running_at_search: list[bool] = []
+    search = MemoryService.search
+
+    async def watched(self: MemoryService, *args: object, **kwargs: object) -> object:
+        if not running_at_search:
+            running_at_search.append(any(job.thread.is_alive() for job in jobs))
+        return await search(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(dense._Segment, "start_clustering", started)
+    monkeypatch.setattr(dense, "cluster", slow)
+    monkeypatch.setattr(MemoryService, "search", watched)
+    report = await run_perf([300], Settings(), samples=40, embedder=FakeEmbedder())
+    (point,) = report.points
+    assert len(jobs) >= 2  # one before the stores, one they started
+    assert running_at_search == [False]
+    assert point.index_wait_searches_s is not None and point.index_wait_searches_s >= 0.3
+
+
 @pytest.mark.sqlite_only  # bench perf keeps its SQLite files in the folder
 async def test_a_kept_store_copied_elsewhere_is_refused(tmp_path: Path) -> None:
     """Its project is named by its old path: measured here, it would be all but empty."""

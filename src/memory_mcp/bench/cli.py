@@ -389,7 +389,7 @@ def bench_perf(
         "deferred/store",
         "model batch/s",
         "import/model",
-        "index wait",
+        "index wait (stores / searches)",
         "warm read",
         "dense recall@50",
     )
@@ -424,7 +424,7 @@ def bench_perf(
             "-" if point.deferred_ms is None else f"{point.deferred_ms} ms",
             "-" if point.model_batch_per_s is None else f"{point.model_batch_per_s:,.0f}",
             _share(point.ratios["import_of_model"]),
-            "-" if point.index_wait_s is None else f"{point.index_wait_s} s",
+            _waits(point.index_wait_s, point.index_wait_searches_s),
             "-" if point.warm_read_s is None else f"{point.warm_read_s} s",
             "-" if point.dense_recall_at_50 is None else f"{point.dense_recall_at_50:.3f}",
         ]
@@ -510,6 +510,13 @@ def _over(value: float | None) -> str:
 
 def _times(ratio: float | None) -> str:
     return "-" if ratio is None else f"{ratio:.1f}x"
+
+
+def _waits(before_stores: float | None, before_searches: float | None) -> str:
+    """The index waits before the timed stores and before the timed searches."""
+    if before_stores is None:
+        return "-"
+    return f"{before_stores} s / {before_searches} s"
 
 
 def _share(ratio: float | None) -> str:

@@ -262,6 +262,9 @@ class PerfPoint:
     # Seconds the run waited, before the timed operations, for the index the backend
     # builds over the vectors in the background (SQLite: the scope's clusters).
     index_wait_s: float | None = None
+    # The same wait after the timed stores, before the timed searches: for the
+    # clusterings the stores started (SQLite), which would run beside the searches.
+    index_wait_searches_s: float | None = None
     # Seconds spent reading the SQLite store's file once before the timed operations
     # (``warm_file``); None for a store that ``--storage`` names.
     warm_read_s: float | None = None
@@ -553,6 +556,10 @@ async def measure(
         started = time.perf_counter()
         await memory.engine.finish_deferred(600)
         deferred_ms = (time.perf_counter() - started) * 1000 / (samples + 5)
+    # the clustering the stores started (a scope's tail past its share), if any: the
+    # bench stores a session's worth in seconds, and a clustering beside the timed
+    # searches (4-7 s of one core at 50,000 memories) slowed them by a third
+    index_wait_searches_s = await _settle_index(memory, root)
 
     say(f"{count:,}: search", 0, 1)
     questions = _questions(count, samples + 5)
@@ -626,6 +633,7 @@ async def measure(
         deferred_ms=None if deferred_ms is None else round(deferred_ms, 2),
         model_batch_per_s=model_batch_per_s,
         index_wait_s=index_wait_s,
+        index_wait_searches_s=index_wait_searches_s,
         warm_read_s=warm_read_s,
         current_records=sum(n for (_, _, state), n in stats.records.items() if state == "current"),
         dense_recall_at_50=recall,

@@ -1130,21 +1130,22 @@ class DenseIndex:
         """Wait up to ``seconds`` for these scopes' clusterings, and for the copies being
         kept (hold ``lock``); True if no clustering is still running."""
         deadline = anyio.current_time() + seconds
-        for key in scope_keys:
-            segment = self._segments.get(key)
-            job = None if segment is None else segment._clustering
-            if job is not None:
+
+        def running() -> list[_Clustering]:
+            found = (self._segments.get(key) for key in scope_keys)
+            return [s._clustering for s in found if s is not None and s._clustering is not None]
+
+        while True:  # a clustering installed may leave a tail that starts another
+            for job in running():
                 left = max(0.0, deadline - anyio.current_time())
                 await anyio.to_thread.run_sync(job.thread.join, left)
-        await self.keep_clustered(fetch, scope_keys)
+            await self.keep_clustered(fetch, scope_keys)
+            if not running() or anyio.current_time() >= deadline:
+                break
         for writer in self._writers:  # 180 MB written at 200,000 memories: work of the index
             left = max(0.0, deadline - anyio.current_time())
             await anyio.to_thread.run_sync(writer.join, left)
-        return not any(
-            s._clustering is not None
-            for k in scope_keys
-            if (s := self._segments.get(k)) is not None
-        )
+        return not running()
 
     async def _written_since(self, fetch: Fetch) -> bool:
         """Whether vectors were written since ``position``."""
