@@ -569,38 +569,6 @@ async def test_a_clustered_scope_answers_from_its_nearest_clusters_and_falls_bac
         await store.close()
 
 
-async def test_a_finished_clustering_is_installed_off_the_event_loop(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Installing a clustering moves every row (260 ms at 200,000 memories): a worker
-    thread does it, with the rows sorted by rowid again, and searches after it find
-    what they found before."""
-    import threading
-
-    installs: list[threading.Thread] = []
-    settle = dense._Segment.settle
-
-    def watched(self: dense._Segment) -> bool:
-        if self.clustered_ready:
-            installs.append(threading.current_thread())
-        return settle(self)
-
-    monkeypatch.setattr(dense._Segment, "settle", watched)
-    vectors = _around_centres(600, 12, seed=8)
-    rows = [fact(f"fact {i}", embedder="m") for i in range(600)]
-    store = await SqliteStore.open(tmp_path / "m.db")
-    try:
-        segment = await _clustered(store, rows, vectors, monkeypatch)
-        assert segment.clusters > 1 and installs
-        assert threading.main_thread() not in installs
-        assert segment._by_rowid is not None and segment._sorted == segment.size
-        query = vectors[5].astype(np.float32)
-        hits = await store.nearest(query, "m", FILTERS, 3)
-        assert hits[0].record.id == rows[5].id
-    finally:
-        await store.close()
-
-
 async def test_a_new_memorys_neighbours_come_from_fewer_clusters_than_a_search(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

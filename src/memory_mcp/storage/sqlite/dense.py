@@ -670,17 +670,6 @@ class _Segment:
         job.thread.start()
         return job
 
-    @property
-    def clustered_ready(self) -> bool:
-        """Whether a clustering finished that ``settle`` would install."""
-        job = self._clustering
-        return job is not None and not job.thread.is_alive()
-
-    def install(self) -> None:
-        """Install a finished clustering (``settle``) and sort the rows by rowid again."""
-        self.settle()
-        self.sort_rowids()
-
     def settle(self) -> bool:
         """Install a finished clustering; True if one is still running."""
         job = self._clustering
@@ -1117,10 +1106,6 @@ class DenseIndex:
         that would pay (hold ``lock``)."""
         for key in scope_keys:
             segment = self._segments.get(key)
-            if segment is not None and segment.clustered_ready:
-                # an install moves every row (260 ms at 200,000 memories), then they are
-                # sorted by rowid again (30 ms): on a worker thread, not the event loop's
-                await anyio.to_thread.run_sync(segment.install)
             if segment is not None and not segment.settle() and segment.wants_clusters:
                 self._jobs = [job for job in self._jobs if job.thread.is_alive()]
                 self._jobs.append(segment.start_clustering())
