@@ -980,6 +980,54 @@ async def test_a_clustered_scope_is_kept_for_the_next_process_and_caught_up(
     assert json.loads(str(np.load(kept)["meta"]))["position"] > position
 
 
+async def test_a_process_that_wrote_many_changes_keeps_its_copy_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past ``_KEEP_EVERY`` log entries since its copy was kept, a process keeps the scope
+    again as it goes (not only when a clustering lands), so that the next process takes
+    a copy that is not too far behind to trust, with the records since."""
+    monkeypatch.setattr(dense, "_TAIL_SHARE", 1.0)  # no clustering lands meanwhile
+    vectors = _around_centres(600, 12, seed=6)
+    first = await _with_kept_copy(tmp_path, vectors, monkeypatch)
+    (kept,) = (tmp_path / "m.db-vectors").glob("*.npz")
+
+    def kept_position() -> int:
+        return int(json.loads(str(np.load(kept)["meta"]))["position"])
+
+    position = kept_position()
+    monkeypatch.setattr(dense, "_KEEP_EVERY", 6)
+    late: list[Record] = []
+    try:
+        for n in range(4):  # 4 entries: not yet
+            async with first.write() as tx:
+                await tx.insert(r := fact(f"late {n}", embedder="m"), vectors[n][None, :])
+            late.append(r)
+            await first.nearest(vectors[n].astype(np.float32), "m", FILTERS, 3)
+        await _kept(first)
+        assert kept_position() == position
+        for n in range(4, 8):
+            async with first.write() as tx:
+                await tx.insert(r := fact(f"late {n}", embedder="m"), vectors[n][None, :])
+            late.append(r)
+            await first.nearest(vectors[n].astype(np.float32), "m", FILTERS, 3)
+        await _kept(first)
+        again = kept_position()
+        assert position + 6 < again <= position + 8
+    finally:
+        await first.close()
+    monkeypatch.setattr(dense, "_RELOAD_AFTER", 1)  # taken only if at most 1 record behind
+    second = await SqliteStore.open(tmp_path / "m.db")
+    try:
+        reads = _chunk_reads(second)
+        assert await second.load_vectors("m", ["/repo"])
+        assert reads == []  # from the copy
+        for r, v in zip(late, vectors[:8], strict=True):
+            hits = await second.nearest(v.astype(np.float32), "m", FILTERS, 20)
+            assert r.id in {h.record.id for h in hits}
+    finally:
+        await second.close()
+
+
 @pytest.mark.parametrize(
     "spoil", ["codes", "another store", "log pruned", "another history", "rows missing"]
 )

@@ -117,6 +117,12 @@ _KEPT_ARRAYS = ("scale", "rowid", "corpus", "kind", "cell")
 # Records changed since a kept copy beyond which the process that takes it keeps it
 # again at once: 5,852 of them took 0.66 s to read again at 200,000 memories.
 _KEEP_AGAIN_AFTER = 1000
+# Log entries since a scope's copy was kept (or taken) beyond which the process keeps it
+# again (``_keep_landed``): a process that changed many records (a consolidation
+# sweep folded 15,000 at 200,000 memories) left the next one a copy too far behind
+# to take, and that one's first search loaded the scope from the chunks and
+# clustered it (5.1 s after launch instead of 0.8).
+_KEEP_EVERY = 5000
 # The records whose rows a scope's copy holds (parameters: the scope, the embedder).
 HELD = "scope_key = ? AND embedder = ? AND live = 1 AND vec_rows > 0"
 
@@ -357,6 +363,7 @@ class _Segment:
         self._starts: npt.NDArray[np.int64] | None = None
         self._clustering: _Clustering | None = None
         self.landed = False  # a clustering was installed since the copy was last kept
+        self.kept_at: int | None = None  # the log position of the copy kept or taken
         # Rows by rowid (positions, and their rowids in ascending order) for the
         # first ``_sorted`` rows, for ``find``; made again when rows move.
         self._by_rowid: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]] | None = None
@@ -1327,13 +1334,18 @@ class DenseIndex:
 
     async def _keep_landed(self, fetch: Fetch, scope_keys: Collection[str]) -> None:
         """Write, in a thread, the scopes whose clustering landed since they were last
-        kept (hold ``lock``): the arrays are copied now, the code rows (never written
-        again) as the thread goes."""
+        kept, or whose copy is more than ``_KEEP_EVERY`` log entries behind (hold
+        ``lock``): the arrays are copied now, the code rows (never written again) as
+        the thread goes."""
         for key in scope_keys:
             segment = self._segments.get(key)
-            if segment is None or not segment.landed:
+            if segment is None or segment.centroids is None:
+                continue
+            behind = segment.kept_at is not None and self.position - segment.kept_at > _KEEP_EVERY
+            if not (segment.landed or behind):
                 continue
             segment.landed = False
+            segment.kept_at = self.position  # tried once here, kept or not
             path = self._kept_path(key)
             entry = await _log_entry(fetch, self.position)
             if path is None or entry is None:  # not kept, or nothing in the log to tie it to
@@ -1427,6 +1439,7 @@ class DenseIndex:
             del self._segments[scope_key]
             return False
         segment.landed = len(changed) > _KEEP_AGAIN_AFTER  # the next process reads less
+        segment.kept_at = int(meta["position"])
         return True
 
     async def _check(self, fetch: Fetch, segment: _Segment) -> None:
