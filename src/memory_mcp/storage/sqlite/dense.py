@@ -55,6 +55,7 @@ import math
 import mmap
 import os
 import sqlite3
+import sys
 import tempfile
 import threading
 import time
@@ -401,7 +402,7 @@ class _Segment:
         once more rows than ``_UNSORTED_MOST`` came after the sort.
 
         The first sort of a loaded copy (469,000 rows at 200,000 memories) takes 25 ms:
-        a load does it (``DenseIndex._load``), not the first search. Later, the rows
+        a load does it (``DenseIndex.load``), not the first search. Later, the rows
         appended since are merged in (``_merge_since``) rather than every row sorted
         again.
         """
@@ -764,8 +765,6 @@ def background() -> None:
     clustering took 6.4-7.1 s instead of 4.3-4.5 while searched. A thread cannot
     lower its niceness again, so only threads that end with their work call this.
     """
-    import sys
-
     if sys.platform != "linux":  # elsewhere setpriority does not take a thread's id
         return
     with contextlib.suppress(OSError):
