@@ -980,6 +980,41 @@ async def test_a_clustered_scope_is_kept_for_the_next_process_and_caught_up(
     assert json.loads(str(np.load(kept)["meta"]))["position"] > position
 
 
+async def test_a_copy_whose_first_and_last_records_went_since_is_still_taken(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The records read again drop their rows from the copy; the check of a few rows
+    against vec0 looks at live ones, so a copy whose first, middle and last rows'
+    records were archived since is taken, not read from the chunks again."""
+    vectors = _around_centres(600, 12, seed=9)
+    first = await _with_kept_copy(tmp_path, vectors, monkeypatch)
+    try:
+        segment = _index(first)._segments["/repo"]
+        ends = {int(segment.rowid[i]) // dense.MAX_PASSAGES for i in (0, segment.size - 1)}
+        ends.add(int(segment.rowid[segment.size // 2]) // dense.MAX_PASSAGES)
+        gone = [
+            str(row[0])
+            for s in ends
+            for row in await first.reads.fetch("SELECT id FROM records WHERE seq = ?", [s])
+        ]
+        async with first.write() as tx:
+            for record_id in gone:
+                assert await tx.archive(record_id, "folded", format_time(utcnow()))
+    finally:
+        await first.close()
+    second = await SqliteStore.open(tmp_path / "m.db")
+    try:
+        reads = _chunk_reads(second)
+        assert await second.load_vectors("m", ["/repo"])
+        assert reads == []  # the copy was taken
+        held = _index(second)._segments["/repo"]
+        assert held.size - held.dead == 600 - len(gone)
+        found = await second.nearest(vectors[3].astype(np.float32), "m", FILTERS, 600)
+        assert not {h.record.id for h in found} & set(gone)
+    finally:
+        await second.close()
+
+
 async def test_a_process_that_wrote_many_changes_keeps_its_copy_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

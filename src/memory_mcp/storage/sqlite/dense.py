@@ -1442,10 +1442,18 @@ class DenseIndex:
         return True
 
     async def _check(self, fetch: Fetch, segment: _Segment) -> None:
-        """Compare a few loaded rows with what vec0 itself returns for them."""
-        if not segment.size:
+        """Compare a few loaded rows (the first, middle and last live ones) with what vec0
+        itself returns for them.
+
+        Live ones: a kept copy holds the rows that the records read again since dropped
+        (-1), and a check of those refused every copy whose first, middle or last record
+        had been folded or archived since: the next process read the chunks again and
+        clustered anew (1.5-2.6 s to the first search at 50,000 memories).
+        """
+        live = np.flatnonzero(segment.rowid[: segment.size] >= 0)
+        if not len(live):
             return
-        picks = sorted({0, segment.size // 2, segment.size - 1})
+        picks = sorted({int(live[0]), int(live[len(live) // 2]), int(live[-1])})
         read = await self._read_rows(fetch, [int(segment.rowid[i]) for i in picks])
         truth = {r: np.frombuffer(b, np.float32) for r, b in read.items()}
         for i in picks:
