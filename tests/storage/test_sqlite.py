@@ -937,6 +937,20 @@ def _chunk_reads(store: SqliteStore) -> list[str]:
     return seen
 
 
+async def _taken_from_copy(path: Path) -> tuple[SqliteStore, dense._Segment]:
+    """The store at ``path`` opened again, its scope ``/repo`` loaded from the kept copy
+    (no chunk of vec0 read), and that scope's segment."""
+    store = await SqliteStore.open(path)
+    try:
+        reads = _chunk_reads(store)
+        assert await store.load_vectors("m", ["/repo"])
+        assert reads == []  # the copy was taken
+    except BaseException:
+        await store.close()
+        raise
+    return store, _index(store)._segments["/repo"]
+
+
 async def test_a_clustered_scope_is_kept_for_the_next_process_and_caught_up(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -956,12 +970,9 @@ async def test_a_clustered_scope_is_kept_for_the_next_process_and_caught_up(
             await tx.insert(late := fact("late", embedder="m"), query[None, :])
     finally:
         await first.close()
-    second = await SqliteStore.open(tmp_path / "m.db")
+    second, segment = await _taken_from_copy(tmp_path / "m.db")
     try:
-        reads = _chunk_reads(second)
-        assert await second.load_vectors("m", ["/repo"])
-        segment = _index(second)._segments["/repo"]
-        assert reads == [] and segment.clusters > 0 and segment._clustering is None
+        assert segment.clusters > 0 and segment._clustering is None
         found = [h.record.id for h in await second.nearest(query, "m", FILTERS, 10)]
         assert found[0] == late.id and before[0] not in found
         assert found[1:] == before[1:10]
@@ -1002,12 +1013,8 @@ async def test_a_copy_whose_first_and_last_records_went_since_is_still_taken(
                 assert await tx.archive(record_id, "folded", format_time(utcnow()))
     finally:
         await first.close()
-    second = await SqliteStore.open(tmp_path / "m.db")
+    second, held = await _taken_from_copy(tmp_path / "m.db")
     try:
-        reads = _chunk_reads(second)
-        assert await second.load_vectors("m", ["/repo"])
-        assert reads == []  # the copy was taken
-        held = _index(second)._segments["/repo"]
         assert held.size - held.dead == 600 - len(gone)
         found = await second.nearest(vectors[3].astype(np.float32), "m", FILTERS, 600)
         assert not {h.record.id for h in found} & set(gone)
@@ -1051,11 +1058,8 @@ async def test_a_process_that_wrote_many_changes_keeps_its_copy_again(
     finally:
         await first.close()
     monkeypatch.setattr(dense, "_RELOAD_AFTER", 1)  # taken only if at most 1 record behind
-    second = await SqliteStore.open(tmp_path / "m.db")
+    second, _ = await _taken_from_copy(tmp_path / "m.db")
     try:
-        reads = _chunk_reads(second)
-        assert await second.load_vectors("m", ["/repo"])
-        assert reads == []  # from the copy
         for r, v in zip(late, vectors[:8], strict=True):
             hits = await second.nearest(v.astype(np.float32), "m", FILTERS, 20)
             assert r.id in {h.record.id for h in hits}
