@@ -286,7 +286,7 @@ def test_m013_counts_the_records_awaiting_vectors_from_the_embedders_index(
     columns = [row[2] for row in conn.execute("PRAGMA index_info(records_embedder)")]
     assert columns == ["embedder", "live"]
     for incomplete in (False, True):
-        sql, params = awaiting_sql(incomplete), ["m"] * (3 if incomplete else 2)
+        sql, params = awaiting_sql("m", incomplete)
         steps = [str(row[-1]) for row in conn.execute("EXPLAIN QUERY PLAN " + sql, params)]
         reads = [step for step in steps if "records" in step]
         walks = ("SEARCH records USING", "SCAN records USING INDEX records_vectors_due")

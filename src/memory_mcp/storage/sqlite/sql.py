@@ -136,10 +136,9 @@ def slots_sql(record_ids: Collection[str]) -> str:
     )
 
 
-def awaiting_sql(incomplete: bool) -> str:
-    """How many current records lack vectors from an embedder (parameters: it, twice,
-    and a third time with ``incomplete``): with ``incomplete``, those whose passages
-    beyond the whole text are still due count too.
+def awaiting_sql(embedder: str, incomplete: bool) -> tuple[str, list[Any]]:
+    """How many current records lack vectors from ``embedder``, and its parameters: with
+    ``incomplete``, those whose passages beyond the whole text are still due count too.
 
     Read as ranges of ``records_embedder`` (embedder, live), it reads the records that
     await and no other: ``embedder != ?`` scanned every record, 60-70 ms at 200,000
@@ -153,9 +152,9 @@ def awaiting_sql(incomplete: bool) -> str:
         "AND (embedder IS NULL OR embedder < ? OR embedder > ?)"
     )
     if not incomplete:
-        return missing
+        return missing, [embedder, embedder]
     due = "SELECT count(*) FROM records WHERE vectors_due = 1 AND live = 1 AND +embedder = ?"
-    return f"SELECT ({missing}) + ({due})"
+    return f"SELECT ({missing}) + ({due})", [embedder, embedder, embedder]
 
 
 CONFLICT_COLUMNS = "id, scope_key, record_id, other_id, reason, created_at, resolved_at, resolution"

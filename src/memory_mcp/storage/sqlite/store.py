@@ -473,9 +473,7 @@ class SqliteStore(VectorTables, UpkeepReads):
     ) -> int:
         if embedder is None:
             return 0
-        rows = await self.reads.fetch(
-            awaiting_sql(incomplete), [embedder] * (3 if incomplete else 2)
-        )
+        rows = await self.reads.fetch(*awaiting_sql(embedder, incomplete))
         return int(rows[0][0])
 
     async def dense_embedders(self) -> dict[str, int]:
