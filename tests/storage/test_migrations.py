@@ -264,13 +264,27 @@ def test_m012_gives_every_current_record_its_neighbours_in_time(tmp_path: Path) 
     assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
 
 
+def _assert_awaiting_counted_from_indexes(
+    conn: sqlite3.Connection, embedder: str, count: int
+) -> None:
+    """The records awaiting ``embedder``'s vectors (``sql.awaiting_sql``, bare and due)
+    are ``count``, read by index searches alone, never a scan of every record."""
+    from memory_mcp.storage.sqlite.sql import awaiting_sql
+
+    for incomplete in (False, True):
+        sql, params = awaiting_sql(embedder, incomplete)
+        steps = [str(row[-1]) for row in conn.execute("EXPLAIN QUERY PLAN " + sql, params)]
+        reads = [step for step in steps if "records" in step]
+        walks = ("SEARCH records USING", "SCAN records USING INDEX records_vectors_due")
+        assert reads and all(step.startswith(walks) for step in reads), steps
+        assert conn.execute(sql, params).fetchone() == (count,)
+
+
 def test_m013_counts_the_records_awaiting_vectors_from_the_embedders_index(
     tmp_path: Path,
 ) -> None:
     """After m013 the count reads ranges of ``records_embedder`` and the due records'
     index, never every record; the index keeps the rows it had."""
-    from memory_mcp.storage.sqlite.sql import awaiting_sql
-
     db = tmp_path / "m.db"
     conn = connect(str(db))
     migrate(conn, db_path=db, connect=connect, migrations=MIGRATIONS[:12])
@@ -282,14 +296,59 @@ def test_m013_counts_the_records_awaiting_vectors_from_the_embedders_index(
             [f"f_{n}", f"h{n}", embedder, int(embedder is not None)],
         )
     conn.commit()
-    assert migrate(conn, db_path=db, connect=connect) == ["m013_embedder_live"]
+    assert migrate(conn, db_path=db, connect=connect, migrations=MIGRATIONS[:13]) == [
+        "m013_embedder_live"
+    ]
     columns = [row[2] for row in conn.execute("PRAGMA index_info(records_embedder)")]
     assert columns == ["embedder", "live"]
-    for incomplete in (False, True):
-        sql, params = awaiting_sql("m", incomplete)
-        steps = [str(row[-1]) for row in conn.execute("EXPLAIN QUERY PLAN " + sql, params)]
-        reads = [step for step in steps if "records" in step]
-        walks = ("SEARCH records USING", "SCAN records USING INDEX records_vectors_due")
-        assert reads and all(step.startswith(walks) for step in reads), steps
-        assert conn.execute(sql, params).fetchone() == (2,)
+    _assert_awaiting_counted_from_indexes(conn, "m", 2)
+    assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+
+
+def test_m014_reads_a_scopes_records_with_vectors_from_the_embedders_index_alone(
+    tmp_path: Path,
+) -> None:
+    """After m014 a scope's records with vectors (``dense.HELD``: the sum a kept copy is
+    checked against, the rows a load reads) come from ``records_embedder`` without a
+    read of the table's rows, and the records awaiting vectors are still counted from
+    it."""
+    from memory_mcp.storage.sqlite.dense import HELD
+
+    db = tmp_path / "m.db"
+    conn = connect(str(db))
+    migrate(conn, db_path=db, connect=connect, migrations=MIGRATIONS[:13])
+    rows = [  # (scope, embedder, vector rows, archived)
+        ("/repo", "m", 3, None),
+        ("/repo", "m", 2, None),
+        ("/repo", "m", 4, "2026-01-02"),
+        ("/repo", "m", 0, None),
+        ("/repo", "other", 5, None),
+        ("/else", "m", 7, None),
+        ("/repo", None, 0, None),
+    ]
+    for n, (key, embedder, vec_rows, archived) in enumerate(rows):
+        conn.execute(
+            "INSERT INTO records (id, corpus, kind, scope, scope_key, content, content_hash, "
+            "agent, created_at, updated_at, embedder, vec_rows, archived_at) VALUES (?, "
+            "'facts', ?, 'project', ?, 'note', ?, 'cli', 'x', 'x', ?, ?, ?)",
+            [f"f_{n}", f"kind{n}", key, f"h{n}", embedder, vec_rows, archived],
+        )
+    conn.commit()
+    assert migrate(conn, db_path=db, connect=connect) == ["m014_embedder_held"]
+    columns = [row[2] for row in conn.execute("PRAGMA index_info(records_embedder)")]
+    assert columns == ["embedder", "live", "scope_key", "vec_rows", "corpus", "kind"]
+    index_root = conn.execute(
+        "SELECT rootpage FROM sqlite_master WHERE name = 'records_embedder'"
+    ).fetchone()[0]
+    for sql, expected in (
+        (f"SELECT coalesce(sum(vec_rows), 0) FROM records WHERE {HELD}", [(5,)]),
+        (f"SELECT seq, corpus, kind FROM records WHERE {HELD}", None),
+    ):
+        program = list(conn.execute("EXPLAIN " + sql, ["/repo", "m"]))
+        opened = {row[2]: row[3] for row in program if row[1] == "OpenRead"}  # cursor: page
+        cursors = {row[2] for row in program if row[1] in ("Column", "IdxRowid")}
+        assert cursors and all(opened[c] == index_root for c in cursors), program
+        got = sorted(conn.execute(sql, ["/repo", "m"]))
+        assert got == (expected or [(1, "facts", "kind0"), (2, "facts", "kind1")])
+    _assert_awaiting_counted_from_indexes(conn, "m", 2)
     assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)

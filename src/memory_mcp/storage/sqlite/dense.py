@@ -125,7 +125,8 @@ _KEEP_AGAIN_AFTER = 1000
 # instead, or thousands of records to read into it: after 2,500 stores at 200,000,
 # the next server's first search came 1.03 s after launch, 0.86 with this.
 _KEEP_EVERY = 5000
-# The records whose rows a scope's copy holds (parameters: the scope, the embedder).
+# The records whose rows a scope's copy holds (parameters: the scope, the embedder),
+# read from ``records_embedder`` alone (its columns since m014), never the table.
 HELD = "scope_key = ? AND embedder = ? AND live = 1 AND vec_rows > 0"
 
 CLUSTER_FROM = 20_000  # rows of a scope from which its searches probe clusters

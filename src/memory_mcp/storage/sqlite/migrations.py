@@ -339,6 +339,20 @@ def _m013_embedder_live(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE INDEX records_embedder ON records (embedder, live)")
 
 
+def _m014_embedder_held(conn: sqlite3.Connection) -> None:
+    """``records_embedder`` also holds each record's scope, vector rows, corpus and
+    kind, so that a scope's records with vectors (``dense.HELD``) are read from it
+    alone: the check of a kept vector copy when a process starts read every record of
+    the scope from the table, 1.3 s of a first search at 200,000 memories with the
+    store's pages not yet cached (80 ms cached); 0.13 s from the index. 1.2 s at
+    294,000 records."""
+    conn.execute("DROP INDEX records_embedder")
+    conn.execute(
+        "CREATE INDEX records_embedder ON records "
+        "(embedder, live, scope_key, vec_rows, corpus, kind)"
+    )
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration("m001_records", _script(M001_RECORDS)),
     Migration("m002_emphasis", _m002_emphasis),
@@ -353,6 +367,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration("m011_live_by_seq", _m011_live_by_seq),
     Migration("m012_neighbours", _m012_neighbours),
     Migration("m013_embedder_live", _m013_embedder_live),
+    Migration("m014_embedder_held", _m014_embedder_held),
 )
 
 
