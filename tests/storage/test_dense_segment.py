@@ -245,6 +245,36 @@ def test_rows_written_after_the_clustering_are_scored_in_the_tail(
     assert segment.wants_clusters  # 65 of 3,065
 
 
+def test_a_tail_row_is_scored_by_the_searches_that_probe_its_nearest_cluster(
+    monkeypatch: pytest.MonkeyPatch, folder: Path | None
+) -> None:
+    """A row written after the clustering is marked with its nearest cluster; a search
+    scores the tail rows of the clusters it probes, and those of no known cluster,
+    not the whole tail."""
+    segment = _clustered_segment(monkeypatch, 3000, probes=4, seed=3, folder=folder)
+    monkeypatch.setattr(dense, "EXACT_TOP", 8)  # the tail's rows scored by the int8 pass too
+    clusters, tail = segment.clusters, 3000
+    fresh = _clustered_rows(60, 24, seed=8)
+    _fill(segment, fresh, first_seq=10_000)
+    assert segment.centroids is not None
+    nearest = np.argmax(fresh @ segment.centroids.T, axis=1)
+    assert segment.cell[tail : segment.size].tolist() == (clusters + 1 + nearest).tolist()
+    segment.cell[tail + 59] = clusters  # a row of no known cluster (an older kept copy's)
+    probes = dense.probed_clusters(4, tail, clusters)
+    for n, query in enumerate(fresh[:20]):
+        probed = segment.probe(query)
+        assert probed is not None
+        positions, sims, _ = probed
+        near = set(np.argpartition(-(segment.centroids @ query), probes)[:probes].tolist())
+        wanted = {tail + i for i in range(59) if int(nearest[i]) in near} | {tail + 59}
+        assert set(positions[positions >= tail].tolist()) == wanted
+        assert int(nearest[n]) in near  # a row's own cluster is among those nearest it
+        best = positions[int(np.argmax(sims))]
+        assert int(segment.rowid[best]) == (10_000 + n) * dense.MAX_PASSAGES
+        truth = _true_cosines(segment, query, positions)
+        assert np.abs(sims - truth).max() <= _APPROX
+
+
 def test_records_written_again_while_clustering_go_to_the_tail(
     monkeypatch: pytest.MonkeyPatch, folder: Path | None
 ) -> None:

@@ -131,10 +131,11 @@ HELD = "scope_key = ? AND embedder = ? AND live = 1 AND vec_rows > 0"
 
 CLUSTER_FROM = 20_000  # rows of a scope from which its searches probe clusters
 PROBE_ROWS = 256  # rows a probe scores at least, on average (``probed_clusters``)
-# Rows written since the clustering (the tail, which every search scores), as a share
-# of the rows, that start another. A kept copy carries its tail to the next process:
-# at a tenth, the 200,000 store's copy held a tail of 19,503 rows, and a search there
-# took 1.8-2.5 ms more over the model than once clustered again.
+# Rows written since the clustering (the tail), as a share of the rows, that start
+# another. A kept copy carries its tail to the next process: at a tenth, the 200,000
+# store's copy held a tail of 19,503 rows, and a search there (which scored every
+# tail row then; now those of the clusters it probes) took 1.8-2.5 ms more over the
+# model than once clustered again.
 _TAIL_SHARE = 0.02
 _SAMPLE_PER_CLUSTER = 48  # rows k-means trains on, per cluster
 _ROUNDS = 8  # k-means rounds
@@ -359,8 +360,11 @@ class _Segment:
         self.rowid = np.zeros(0, np.int64)  # -1: a dropped row
         self.corpus = np.zeros(0, np.int16)
         self.kind = np.zeros(0, np.int16)
-        # Clusters: each row's cluster (``len(centroids)`` for the tail: rows
-        # written since the clustering), rows ordered by it up to the tail.
+        # Clusters: each row's cluster, rows ordered by it up to the tail (the rows
+        # written since the clustering), whose rows hold ``len(centroids) + 1 + c``
+        # for their nearest cluster ``c`` (``append``), or ``len(centroids)`` where
+        # none is known (rows the clustering did not see, or kept before this was):
+        # a search scores the tail rows of the clusters it probes, and those.
         self.cell = np.zeros(0, np.int32)
         self.centroids: npt.NDArray[np.float32] | None = None
         self._starts: npt.NDArray[np.int64] | None = None
@@ -470,6 +474,8 @@ class _Segment:
         self.corpus[self.size : end] = corpus
         self.kind[self.size : end] = kind
         self.cell[self.size : end] = self.clusters
+        if self.centroids is not None:  # in the tail, each row marked with its cluster
+            self.cell[self.size : end] += 1 + _nearest_cells(self.centroids, vectors)
         self.size = end
 
     def _grow(self, capacity: int) -> None:
@@ -576,10 +582,18 @@ class _Segment:
         if clusters > probes:
             near = np.argpartition(-(self.centroids @ query), probes)[:probes]
         spans = [(int(starts[c]), int(starts[c + 1])) for c in np.sort(near)]
-        spans.append((int(starts[clusters]), self.size))
+        tail = int(starts[clusters])
+        if clusters > probes:  # the tail's rows of those clusters, and of none known
+            probed = np.zeros(clusters + 1, np.bool_)
+            probed[0] = True
+            probed[1 + near] = True
+            tail_rows = tail + np.flatnonzero(probed[self.cell[tail : self.size] - clusters])
+        else:
+            spans.append((tail, self.size))
+            tail_rows = np.zeros(0, np.int64)
         spans = [(a, b) for a, b in spans if b > a]
         positions = np.concatenate(
-            [np.arange(a, b, dtype=np.int64) for a, b in spans] or [np.zeros(0, np.int64)]
+            [np.arange(a, b, dtype=np.int64) for a, b in spans] + [tail_rows.astype(np.int64)]
         )
         if corpus_ok is None:
             keep: npt.NDArray[np.bool_] = self.rowid[positions] >= 0
@@ -601,15 +615,15 @@ class _Segment:
     ) -> Vector:
         """The cosines of the rows at ``positions`` with the unit vector ``query``, in order.
 
-        ``spans``: the positions as runs (start, stop), when they are; else the rows are
-        gathered ``_GATHER_BLOCK`` at a time. Every row is scored against an int8 copy
-        of the query (``_int8_query``) with numkong's SIMD kernels, then the best
-        ``EXACT_TOP`` again with the float32 query, as all were before: 0.17 ms for the
-        9,000 rows of 48 clusters, where a float32 copy of each block for a matrix
-        product took 1.3 ms. The first pass is off by about 1e-3 at most, which only
+        ``spans``: the first positions as runs (start, stop); the positions after those (all
+        of them without spans) are gathered ``_GATHER_BLOCK`` at a time. Every row is scored
+        against an int8 copy of the query (``_int8_query``) with numkong's SIMD kernels,
+        then the best ``EXACT_TOP`` again with the float32 query, as all were before: 0.17
+        ms for the 9,000 rows of 48 clusters, where a float32 copy of each block for a
+        matrix product took 1.3 ms. The first pass is off by about 1e-3 at most, which only
         the order of rows past the best ``EXACT_TOP`` can feel. ``keep``: the rows the
-        caller keeps (live, of its corpora and kinds), among which the best are chosen:
-        rows it drops then never take an exact slot from one it returns.
+        caller keeps (live, of its corpora and kinds), among which the best are chosen: rows
+        it drops then never take an exact slot from one it returns.
         """
         import numkong
 
@@ -624,10 +638,9 @@ class _Segment:
                     into = out[:, at + start - first : at + start - first + len(rows)]
                     numkong.cdist(probe, rows, "dot", out=into)
                 at += last - first
-            if not spans:
-                for start in range(0, count, _GATHER_BLOCK):
-                    rows = codes.take(positions[start : start + _GATHER_BLOCK])
-                    numkong.cdist(probe, rows, "dot", out=out[:, start : start + len(rows)])
+            for start in range(at, count, _GATHER_BLOCK):
+                rows = codes.take(positions[start : start + _GATHER_BLOCK])
+                numkong.cdist(probe, rows, "dot", out=out[:, start : start + len(rows)])
             sims: Vector = out[0]
             sims *= self.scale[positions] * np.float32(step)
             top = None
@@ -820,6 +833,16 @@ def cluster(
         part = codes.take(positions[start : start + _CLUSTER_BLOCK]).astype(np.float32)
         cells[start : start + len(part)] = nearest_of(part, centroids)
     return centroids, rowids, cells
+
+
+def _nearest_cells(centroids: Vector, vectors: npt.NDArray[np.float32]) -> npt.NDArray[np.int32]:
+    """Each vector's nearest centroid (the centroids unit rows; a vector's length does
+    not change which), ``_CLUSTER_BLOCK`` vectors at a time."""
+    cells = np.empty(len(vectors), np.int32)
+    for start in range(0, len(vectors), _CLUSTER_BLOCK):
+        part = vectors[start : start + _CLUSTER_BLOCK]
+        cells[start : start + len(part)] = np.argmax(part @ centroids.T, axis=1)
+    return cells
 
 
 def _write_kept(
