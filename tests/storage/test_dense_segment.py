@@ -475,6 +475,9 @@ def test_a_kept_copy_scores_grows_and_is_kept_again_as_the_segment_it_was_kept_f
         monkeypatch.setattr(dense, "_FILES_WORK", False)
     twin = dense._read_kept(path, meta, arrays, np.zeros(1, np.int16), 24, own)
     assert twin is not None and twin.size == size and twin.dead == 2
+    # the tail's rows keep their nearest clusters, which the twin's probes read
+    assert (twin.cell[3000:size] > segment.clusters).all()
+    assert twin.cell[:size].tolist() == segment.cell[:size].tolist()
     assert twin.codes.base_rows == (size if mapped else 0)
     assert twin.codes.nbytes == (0 if mapped else size * 24)
 
