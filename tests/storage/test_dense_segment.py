@@ -255,7 +255,8 @@ def test_a_tail_row_is_scored_by_the_searches_that_probe_its_nearest_cluster(
     monkeypatch.setattr(dense, "EXACT_TOP", 8)  # the tail's rows scored by the int8 pass too
     clusters, tail = segment.clusters, 3000
     fresh = _clustered_rows(60, 24, seed=8)
-    _fill(segment, fresh, first_seq=10_000)
+    _fill(segment, fresh[:5], first_seq=10_000)  # a store's few rows: numkong's kernels
+    _fill(segment, fresh[5:], first_seq=10_005)  # many at once: numpy's product
     assert segment.centroids is not None
     nearest = np.argmax(fresh @ segment.centroids.T, axis=1)
     assert segment.cell[tail : segment.size].tolist() == (clusters + 1 + nearest).tolist()
@@ -292,7 +293,11 @@ def test_records_written_again_while_clustering_go_to_the_tail(
     job.thread.join(60)
     segment.settle()
     at = segment.find(np.array([7 * dense.MAX_PASSAGES]))
-    assert len(at) == 1 and segment.cell[at[0]] == segment.clusters  # in the tail
+    assert segment.centroids is not None and len(at) == 1
+    # in the tail, marked at the install with its nearest cluster of the new clustering
+    nearest = int(np.argmax(segment.centroids @ moved))
+    assert segment.cell[at[0]] == segment.clusters + 1 + nearest
+    assert at[0] >= segment.starts[segment.clusters]
     assert np.allclose(segment.cosines(moved)[at[0]], 1.0, atol=0.02)
     assert segment.size == 2000 and (segment.rowid[: segment.size] >= 0).all()
 
