@@ -855,7 +855,7 @@ def _nearest_cells(centroids: Vector, vectors: npt.NDArray[np.float32]) -> npt.N
     A store's few rows go through numkong's SIMD kernels on the calling thread: numpy's
     matrix product there (0.02 ms for one row at 1,088 clusters) woke OpenBLAS's threads,
     which then held the second core the next store's embedding wanted: stores at 200,000
-    memories took p50 15.1-17.1 ms instead of 11.9-12.7 (with ``OPENBLAS_NUM_THREADS=1``,
+    memories took p50 15.1-16.1 ms instead of 11.9-12.6 (with ``OPENBLAS_NUM_THREADS=1``,
     11.9-13.1). Many rows at once (a copy read into at a load) take the product.
     """
     import numkong
