@@ -860,6 +860,7 @@ def _nearest_cells(centroids: Vector, vectors: npt.NDArray[np.float32]) -> npt.N
     """
     import numkong
 
+    centroids = np.ascontiguousarray(centroids, np.float32)  # numkong: one dtype on both sides
     cells = np.empty(len(vectors), np.int32)
     for start in range(0, len(vectors), _CLUSTER_BLOCK):
         part = np.ascontiguousarray(vectors[start : start + _CLUSTER_BLOCK], np.float32)
