@@ -276,6 +276,17 @@ def test_a_tail_row_is_scored_by_the_searches_that_probe_its_nearest_cluster(
         assert np.abs(sims - truth).max() <= _APPROX
 
 
+def test_more_tail_rows_at_once_than_marked_on_the_event_loop_stay_of_no_known_cluster(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    segment = _clustered_segment(monkeypatch, 3000, probes=4, seed=3, folder=None)
+    monkeypatch.setattr(dense, "_MARK_MOST", 10)
+    _fill(segment, _clustered_rows(11, 24, seed=13), first_seq=10_000)
+    _fill(segment, _clustered_rows(10, 24, seed=14), first_seq=11_000)
+    assert (segment.cell[3000:3011] == segment.clusters).all()
+    assert (segment.cell[3011:3021] > segment.clusters).all()
+
+
 def test_records_written_again_while_clustering_go_to_the_tail(
     monkeypatch: pytest.MonkeyPatch, folder: Path | None
 ) -> None:

@@ -474,7 +474,8 @@ class _Segment:
         self.corpus[self.size : end] = corpus
         self.kind[self.size : end] = kind
         self.cell[self.size : end] = self.clusters
-        if self.centroids is not None:  # in the tail, each row marked with its cluster
+        # in the tail, each row marked with its nearest cluster (``_MARK_MOST``)
+        if self.centroids is not None and count <= _MARK_MOST:
             self.cell[self.size : end] += 1 + _nearest_cells(self.centroids, vectors)
         self.size = end
 
@@ -712,10 +713,9 @@ class _Segment:
         if job.dropped:  # rows written again since: their clusters may have changed
             known &= ~np.isin(rowid // MAX_PASSAGES, np.concatenate(job.dropped))
         cell = np.where(known, cells[at], len(centroids)).astype(np.int32)
-        # the rows written while it ran: marked with their nearest new cluster, unless
-        # too many to mark on the event loop (9,677 rows took 77 ms at 1,088 clusters)
+        # the rows written while it ran: marked with their nearest new cluster
         unseen = np.flatnonzero(~known & (rowid >= 0))
-        if 0 < len(unseen) <= _MARK_AT_INSTALL:
+        if 0 < len(unseen) <= _MARK_MOST:
             nearest = _nearest_cells(centroids, self.vectors(unseen))
             cell[unseen] = len(centroids) + 1 + nearest
         self.cell[: self.size] = cell
@@ -841,9 +841,12 @@ def cluster(
     return centroids, rowids, cells
 
 
-# Rows written during a clustering that its install marks with their nearest clusters
-# (more stay of no known cluster, scored by every search until the next clustering)
-_MARK_AT_INSTALL = 10_000
+# The most tail rows marked with their nearest clusters at once, on the event loop (an
+# append, such as a load's read of the records changed since a kept copy, or the rows
+# written during a clustering, at its install): 9,677 rows took 77 ms at 1,088
+# clusters. More stay of no known cluster, scored by every search until the next
+# clustering.
+_MARK_MOST = 10_000
 # Rows up to which ``_nearest_cells`` uses numkong's kernels rather than numpy's product
 _FEW_ROWS = 8
 
