@@ -134,6 +134,34 @@ def test_the_warm_read_reads_the_store_and_its_log_whole(tmp_path: Path) -> None
     assert warm_file(database) == 5_001_234
 
 
+def test_the_warm_read_leaves_the_stores_locks_to_it(tmp_path: Path) -> None:
+    """The read must not close a descriptor of the store in the process that holds it
+    open: that drops SQLite's locks, and the next process to close the store takes
+    itself for the last one and deletes the log still in use."""
+    import sqlite3
+    import subprocess
+    import sys
+
+    from memory_mcp.bench.perf import warm_file
+
+    database = tmp_path / "memory.db"
+    conn = sqlite3.connect(database, isolation_level=None)
+    try:
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("CREATE TABLE t (x)")
+        conn.execute("INSERT INTO t VALUES (1)")
+        assert warm_file(database) > 0
+        other = (
+            "import sqlite3, sys; c = sqlite3.connect(sys.argv[1], isolation_level=None); "
+            "c.execute('INSERT INTO t VALUES (2)'); c.close()"
+        )
+        subprocess.run([sys.executable, "-c", other, str(database)], check=True)
+        assert (tmp_path / "memory.db-wal").exists()  # still this process's log
+        assert conn.execute("SELECT count(*) FROM t").fetchone()[0] == 2
+    finally:
+        conn.close()
+
+
 @pytest.mark.sqlite_only  # bench perf measures the SQLite files it makes
 async def test_rounds_take_turns_on_stores_filled_once(tmp_path: Path) -> None:
     """``rounds``: the sizes take turns, each store filled once and measured again;

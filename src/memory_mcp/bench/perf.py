@@ -42,6 +42,7 @@ import json
 import os
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -758,8 +759,8 @@ async def _model_batch_rate(memory: MemoryService, count: int) -> float | None:
 
 
 def warm_file(database: Path) -> int:
-    """Read a SQLite store's file (and its write-ahead log) once, start to end: the
-    bytes read.
+    """Read a SQLite store's file (and its write-ahead log) once, start to end, in a
+    child process: the bytes read.
 
     The timed operations then meet the store as a server in use has it, its pages in
     the OS's cache, not as a store left alone for minutes: a store whose rounds take
@@ -767,13 +768,34 @@ def warm_file(database: Path) -> int:
     machine may evict pages that nobody read for a while; this one's kernel pages out
     memory idle for a minute (DAMON), and at 200,000 memories a rare-word lookup's
     p90 was 6.6 ms on the first pass over a kept store against 1.3-1.4 on the next.
+
+    Not in this process, which holds the store open: closing any descriptor of a file
+    drops every POSIX lock the process holds on it, SQLite's included, and another
+    process that then opened and closed the store took itself for its last user,
+    deleted the write-ahead log this one was writing, and found the file malformed
+    (seen on a kept store read by a script during a run; sqlite.org/howtocorrupt.html).
     """
-    read = 0
-    for path in (database, Path(f"{database}-wal")):
-        with contextlib.suppress(FileNotFoundError), path.open("rb") as file:
+    read = subprocess.run(
+        [sys.executable, "-c", _WARM_READ, str(database), f"{database}-wal"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return int(read.stdout)
+
+
+_WARM_READ = """
+import sys
+read = 0
+for name in sys.argv[1:]:
+    try:
+        with open(name, "rb") as file:
             while chunk := file.read(1 << 22):
                 read += len(chunk)
-    return read
+    except FileNotFoundError:
+        pass
+print(read)
+"""
 
 
 async def _settle_index(memory: MemoryService, root: Path) -> float | None:
