@@ -57,8 +57,12 @@ async def recorded(
 
 
 async def test_a_store_embeds_its_whole_text_and_its_windows_after_the_answer(
-    recorded: tuple[MemoryService, Recording], project: Path
+    recorded: tuple[MemoryService, Recording], project: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from memory_mcp import engine as engine_module
+
+    # no quiet comes before the close, however slowly a loaded machine runs this test
+    monkeypatch.setattr(engine_module, "_QUIET_S", 3600)
     memory, embedder = recorded
     passages = split_passages(LONG)
     assert len(passages) > 2
@@ -198,3 +202,39 @@ async def test_a_repeat_whose_record_changed_meanwhile_is_embedded_under_the_loc
     assert result.action == "inserted" and result.embedded and draft.vectors_due
     assert identity is not None
     assert await rows(engine.store, result.id, identity) == 1
+
+
+@pytest.mark.sqlite_only  # Postgres deletes a retired record's vectors as it retires it
+async def test_a_retired_records_vector_rows_are_deleted_once_the_engine_is_quiet(
+    recorded: tuple[MemoryService, Recording], project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its commit only announces them gone (``vectors.announce_retired``); the engine
+    deletes them at the quiet after the next store or search, or as it closes."""
+    from memory_mcp import engine as engine_module
+
+    monkeypatch.setattr(engine_module, "_QUIET_S", 0.01)
+    memory, _ = recorded
+    store = memory.engine.store
+
+    async def vec0_rows() -> int:
+        return sum(int(row[3]) for row in (await store.stats()).vector_indexes)
+
+    first = await memory.store("The cache holds the last 500 builds", cwd=project)
+    second = await memory.store("Releases are tagged from the main branch", cwd=project)
+    await memory.engine.finish_deferred(10)
+    before = await vec0_rows()
+    await memory.forget(first.id, cwd=project)
+    assert store.vectors_to_sweep
+    assert await vec0_rows() == before  # the forget's commit left them
+    await memory.search("releases", cwd=project)  # the engine is active: then quiet
+    task = memory.engine._completing
+    assert task is not None
+    await task
+    assert not store.vectors_to_sweep
+    assert await vec0_rows() == before - 1
+
+    await memory.forget(second.id, cwd=project)
+    assert store.vectors_to_sweep
+    await memory.engine.finish_deferred(10)  # what a closing engine does
+    assert not store.vectors_to_sweep
+    assert await vec0_rows() == before - 2

@@ -342,6 +342,7 @@ async def test_a_folded_record_is_still_found_by_the_words_of_what_it_absorbed(
         "Use uv sync locked dependencies", memory_filters(project), 5
     )
     assert [s.record.id for s in lexical] == [folded.id]
+    await memory.engine.finish_deferred(10)  # the absorbed record's row, deleted at quiet
     vectors = await memory.engine.store.stats()
     # The same text once normalized: not embedded again, it takes the absorbed one's vector.
     assert vectors.vector_indexes[0][3] == 1

@@ -68,6 +68,10 @@ _QUIET_S = 0.25
 _DUE_MOST = 1000
 _DUE_WAIT_S = 60.0
 _CLOSE_WAIT_S = 30.0  # a closing engine finishes its deferred embedding for this long
+# The vector rows of records that stopped being current are deleted after their commits,
+# at the same quiet, this many records' a transaction (``Store.sweep_vectors``): a
+# store that comes meanwhile waits for one (about 6 ms at 10,000 memories).
+_SWEEP_BATCH = 8
 
 
 def embed_due_now(quiet_s: float, due: int, oldest_s: float) -> bool:
@@ -363,6 +367,8 @@ class Engine:
     def note_activity(self) -> None:
         """A store or a search is using the model: deferred embedding waits for quiet."""
         self._active_at = time.monotonic()
+        if self.store.vectors_to_sweep:
+            self._work_later()
 
     async def quiet(self, seconds: float, most: float) -> None:
         """Wait until no store or search has asked for the model for ``seconds`` (since
@@ -385,18 +391,41 @@ class Engine:
         now = time.monotonic()
         for record_id in record_ids:
             self._due.setdefault(record_id, now)
-        if self._due and (self._completing is None or self._completing.done()):
+        self._work_later()
+
+    def _work_later(self) -> None:
+        """Start the background work that waits for quiet (``_complete_due``) if there
+        is some and it is not running."""
+        if not (self._due or self.store.vectors_to_sweep):
+            return
+        if self._completing is None or self._completing.done():
             self._completing = asyncio.get_running_loop().create_task(self._complete_due())
 
     async def _complete_due(self) -> None:
-        while self._due:
+        """Deferred passages, then the retired records' vector rows (``Store.sweep_vectors``),
+        each once stores and searches pause."""
+        started = time.monotonic()
+        while self._due or self.store.vectors_to_sweep:
             now = time.monotonic()
             quiet = now - self._active_at
-            oldest = min(self._due.values())
+            oldest = min(self._due.values(), default=started)
             if not embed_due_now(quiet, len(self._due), now - oldest):
                 await asyncio.sleep(_QUIET_S - quiet)
                 continue
-            await self._embed_due()
+            if self._due:
+                await self._embed_due()
+            elif not await self._sweep():
+                return
+
+    async def _sweep(self) -> bool:
+        """One batch of retired vector rows deleted; False if that failed (the next
+        write or close tries again)."""
+        try:
+            await self.store.sweep_vectors(_SWEEP_BATCH)
+        except Exception:
+            log.warning("could not delete the vectors of retired records now", exc_info=True)
+            return False
+        return True
 
     async def _embed_due(self) -> None:
         """One record's passages: one short model call, so that a store or search that
@@ -409,12 +438,11 @@ class Engine:
             log.warning("could not embed the passages of %s now", record_id, exc_info=True)
 
     async def finish_deferred(self, seconds: float) -> None:
-        """Embed the deferred passages now, for at most ``seconds`` (a closing process);
-        what is left, maintenance does."""
+        """Embed the deferred passages now, and delete the retired records' vector rows,
+        for at most ``seconds`` (a closing process); what is left, maintenance does (and
+        the next process to write, the rows)."""
         task = self._completing
-        if task is None:
-            return
-        if not task.done():
+        if task is not None and not task.done():
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
@@ -422,6 +450,9 @@ class Engine:
         while self._due and time.monotonic() < deadline:
             await self._embed_due()
         self._due.clear()
+        while self.store.vectors_to_sweep and time.monotonic() < deadline:
+            if not await self._sweep():
+                break
 
     async def reembed(
         self,

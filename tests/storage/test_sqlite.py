@@ -110,8 +110,118 @@ async def test_archiving_removes_vectors_and_hides_the_record(tmp_path: Path) ->
         archived = await store.get(r.id)
         assert archived is not None and archived.archived_reason == "forgotten"
         assert archived.embedder is None  # restoring re-embeds it
-        stats = await store.stats()
-        assert stats.vector_indexes[0][3] == 0
+        # its vector row is deleted after the commit, once the engine finds quiet
+        assert store.vectors_to_sweep
+        assert (await store.stats()).vector_indexes[0][3] == 1
+        assert await store.sweep_vectors(8) == 1
+        assert not store.vectors_to_sweep
+        assert (await store.stats()).vector_indexes[0][3] == 0
+        assert await store.sweep_vectors(8) == 0
+    finally:
+        await store.close()
+
+
+def _held_seqs(store: SqliteStore) -> set[int]:
+    """The records whose rows the store's in-memory copy of scope /repo holds."""
+    segment = next(iter(store._copies.values()))._segments["/repo"]
+    rowids = segment.rowid[: segment.size]
+    return set((rowids[rowids >= 0] // dense.MAX_PASSAGES).tolist())
+
+
+async def _seq(store: SqliteStore, record_id: str) -> int:
+    return int((await store.reads.fetch("SELECT seq FROM records WHERE id = ?", [record_id]))[0][0])
+
+
+async def test_retired_vectors_are_gone_for_every_reader_before_they_are_swept(
+    tmp_path: Path,
+) -> None:
+    """A record that stops being current keeps its vec0 rows until the engine's next
+    quiet (``sweep_vectors``), but no reader sees them from its commit on: the copies
+    of this process and of another drop them, vec0's own search and a fresh load skip
+    them, doctor does not count them as strays. A process that ends before sweeping
+    leaves them to the next; a record that takes its rowids again takes them over."""
+    path = tmp_path / "m.db"
+    store = await SqliteStore.open(path)
+    other = await SqliteStore.open(path)
+    bare = await SqliteStore.open(path, vector_copy=False)
+    try:
+        old = fact("the api listens on port 8080", embedder="m")
+        new = fact("the api listens on port 9090", embedder="m")
+        async with store.write() as tx:
+            await tx.insert(old, np.stack([unit(1, 0, 0), unit(1, 1, 0)]))
+        for s in (store, other):  # both load their copies
+            assert [h.record.id for h in await s.nearest(unit(1, 0, 0), "m", FILTERS, 5)] == [
+                old.id
+            ]
+        old_seq = await _seq(store, old.id)
+        assert old_seq in _held_seqs(store) and old_seq in _held_seqs(other)
+
+        async with store.write() as tx:
+            await tx.insert(new, unit(0, 1, 0)[None, :])
+            await tx.replace(old, new.id)
+
+        assert store.vectors_to_sweep
+        assert (await store.stats()).vector_indexes[0][3] == 3  # still in vec0
+        for s in (store, other, bare):
+            assert [h.record.id for h in await s.nearest(unit(1, 0, 0), "m", FILTERS, 5)] == [
+                new.id
+            ]
+        assert old_seq not in _held_seqs(store)  # dropped at the commit (the journal)
+        assert old_seq not in _held_seqs(other)  # and by the other (the change log)
+        fresh = await SqliteStore.open(path)  # a copy read from vec0's chunks
+        try:
+            await fresh.nearest(unit(1, 0, 0), "m", FILTERS, 5)
+            assert _held_seqs(fresh) == {await _seq(store, new.id)}
+        finally:
+            await fresh.close()
+        diagnosis = await store.doctor()
+        assert diagnosis.healthy, diagnosis
+
+        await store.close()  # not swept: the next process finds them waiting
+        store = await SqliteStore.open(path)
+        assert store.vectors_to_sweep
+        assert await store.sweep_vectors(8) == 1
+        assert not store.vectors_to_sweep
+        assert (await store.stats()).vector_indexes[0][3] == 1
+        assert (await store.doctor()).healthy
+    finally:
+        for s in (store, other, bare):
+            await s.close()
+
+
+async def test_a_record_that_takes_retired_rowids_again_takes_them_over(tmp_path: Path) -> None:
+    """A deleted record's seq goes to the next record (SQLite reuses the largest), and
+    an archived record made current again is embedded again: their rows are written
+    where the retired rows, not yet swept, still are."""
+    store = await SqliteStore.open(tmp_path / "m.db")
+    try:
+        gone = fact("the nightly job runs at two", embedder="m")
+        async with store.write() as tx:
+            await tx.insert(gone, unit(1, 0, 0)[None, :])
+        seq = await _seq(store, gone.id)
+        async with store.write() as tx:
+            await tx.execute("DELETE FROM records WHERE id = ?", [gone.id])
+        assert store.vectors_to_sweep
+        after = fact("the nightly job runs at three", embedder="m")
+        async with store.write() as tx:
+            await tx.insert(after, unit(0, 1, 0)[None, :])
+        assert await _seq(store, after.id) == seq  # the same rowids
+        assert abs((await store.dense_scores(unit(0, 1, 0), "m", [after.id]))[after.id] - 1) < 1e-5
+
+        kept = fact("deploys need a green build", embedder="m")
+        async with store.write() as tx:
+            await tx.insert(kept, unit(0, 0, 1)[None, :])
+            assert await tx.archive(kept.id, "forgotten", format_time(utcnow()))
+        async with store.write() as tx:  # made current again, then embedded again
+            await tx.execute(
+                "UPDATE records SET archived_at = NULL, archived_reason = NULL WHERE id = ?",
+                [kept.id],
+            )
+            assert await tx.set_vectors([(kept, unit(1, 0, 1)[None, :])], "m")
+        assert abs((await store.dense_scores(unit(1, 0, 1), "m", [kept.id]))[kept.id] - 1) < 1e-5
+        assert not store.vectors_to_sweep  # the rows it took over were the last waiting
+        assert (await store.doctor()).healthy
+        assert (await store.stats()).vector_indexes[0][3] == 2
     finally:
         await store.close()
 
@@ -195,6 +305,9 @@ async def test_vectors_follow_reembeds_folds_and_deletes_without_touching_others
     store = await SqliteStore.open(tmp_path / "m.db")
 
     async def index_rows() -> int:
+        """The vec0 rows once the retired records' rows are swept (the engine's quiet)."""
+        while await store.sweep_vectors(8):
+            pass
         return (await store.stats()).vector_indexes[0][3]
 
     try:

@@ -490,6 +490,17 @@ class EmbeddingQueue(Protocol):
         """Embedders that have vectors in this store, with their record counts."""
         ...
 
+    @property
+    def vectors_to_sweep(self) -> bool:
+        """Whether the vector rows of records that stopped being current may wait to be
+        deleted (``sweep_vectors``): searches skip them already."""
+        ...
+
+    async def sweep_vectors(self, most: int) -> int:
+        """Delete the waiting vector rows of up to ``most`` records, in a write
+        transaction of their own: how many records' (0: none waited)."""
+        ...
+
 
 # Conflicts -----------------------------------------------------------------------------
 

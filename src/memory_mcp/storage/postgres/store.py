@@ -392,6 +392,14 @@ class PgStore(UpkeepReads, Queries):
         )
         return {str(name): int(n) for name, n in rows}
 
+    @property
+    def vectors_to_sweep(self) -> bool:
+        """Never: a record's vectors go with it in the transaction that retires it."""
+        return False
+
+    async def sweep_vectors(self, most: int) -> int:
+        return 0
+
     async def iter_records(self, *, batch: int = 500) -> AsyncIterator[Record]:
         """Every record, archived and history included, in write order."""
         after = 0

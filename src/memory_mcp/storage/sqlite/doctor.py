@@ -8,7 +8,9 @@ vectors (a current record's passage vectors live at rowids ``seq * MAX_PASSAGES
 + i`` for ``i < vec_rows`` of its embedder's vec0 table). A
 record whose vectors are missing or incomplete loses the ones it has and goes
 back to "awaiting vectors", which maintenance (or ``memory-mcp reembed``) then
-makes again; vectors that belong to no current record are deleted. Every
+makes again; vectors that belong to no current record are deleted, but for those
+of retired records queued in ``retired_vectors``, which every reader skips already
+and the engine deletes at its next quiet (``vectors.announce_retired``). Every
 vector change is logged in ``vector_changes``, so that the in-memory copies
 of other processes catch up.
 """
@@ -187,6 +189,12 @@ async def _vector_table(store: SqliteStore, table: str, embedder: str, repair: b
                 "SELECT seq, id, vec_rows, live FROM records WHERE embedder = ?", [embedder]
             )
         ]
+        # the rows of retired records, gone for every reader, deleted at the next quiet
+        queued = await store.reads.fetch(
+            "SELECT seq, vec_rows FROM retired_vectors WHERE embedder = ?", [embedder]
+        )
+    for seq, count in queued:
+        actual.difference_update(rowids_of(int(seq), int(count)))
     short, orphans = _disagreements(actual, claims)
     for seq, record_id in short[:_SHOWN]:
         check.problems.append(f"record {record_id} (seq {seq}) lacks vectors it claims")

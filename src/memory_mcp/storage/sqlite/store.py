@@ -55,10 +55,12 @@ from memory_mcp.storage.sqlite.sql import (
 from memory_mcp.storage.sqlite.transaction import Pipelined, Transaction
 from memory_mcp.storage.sqlite.upkeep import UpkeepReads
 from memory_mcp.storage.sqlite.vectors import (
+    RETIRED_MAX_SQL,
     TABLE_NAME,
     VectorTables,
+    announce_retired,
+    delete_retired,
     rowids_of,
-    sweep_retired,
 )
 
 if TYPE_CHECKING:
@@ -127,6 +129,8 @@ class SqliteStore(VectorTables, UpkeepReads):
         self._connector = connector  # for the checkpoints' connection, opened when needed
         self._checkpointer: aiosqlite.Connection | None = None
         self._checkpointing: asyncio.Task[None] | None = None
+        # Vector rows of retired records wait to be deleted (``vectors.announce_retired``).
+        self._retired_waiting = False
 
     @classmethod
     async def open(
@@ -167,7 +171,7 @@ class SqliteStore(VectorTables, UpkeepReads):
         writer = Pipelined(writer_connector, iter_chunk_size=256)
         await writer  # its thread starts, the connection opens
         reader = await aiosqlite.Connection(connector, iter_chunk_size=256)
-        return cls(
+        store = cls(
             path,
             chosen,
             writer,
@@ -177,6 +181,10 @@ class SqliteStore(VectorTables, UpkeepReads):
             clock=clock,
             connector=connector,
         )
+        # what a process that ended before it swept left (``sweep_vectors``)
+        waiting = await reader.execute_fetchall("SELECT 1 FROM retired_vectors LIMIT 1")
+        store._retired_waiting = bool(list(waiting))
+        return store
 
     @property
     def backend(self) -> str:
@@ -233,13 +241,14 @@ class SqliteStore(VectorTables, UpkeepReads):
                 # shielded: the writer's thread begins it even if this is cancelled while
                 # BEGIN waits for another process's lock, and the rollback below must end it
                 with anyio.CancelScope(shield=True):
-                    began, words = await on_thread(self._writer, self._begin)
+                    began, words, retired = await on_thread(self._writer, self._begin)
             except OPERATIONAL_ERRORS as exc:
                 raise storage_error(exc) from exc
             pending = dict(self._tables)
             try:
                 tx = Transaction(self._writer, self, began)
                 tx.words_before = words
+                tx.retired_after = retired
                 yield tx
                 with anyio.CancelScope(shield=True):
                     await on_thread(self._writer, self._commit, tx)
@@ -303,13 +312,15 @@ class SqliteStore(VectorTables, UpkeepReads):
         except Exception:  # never the writes' concern, nor close's
             log.warning("checkpoint of %s failed", self.path, exc_info=True)
 
-    def _begin(self, conn: sqlite3.Connection) -> tuple[tuple[int, int], bytes]:
-        """Begin a write transaction on the writer's thread, with its ``write_mark`` and
-        FTS5's structure at its start (``_words_written``)."""
+    def _begin(self, conn: sqlite3.Connection) -> tuple[tuple[int, int], bytes, int]:
+        """Begin a write transaction on the writer's thread, with its ``write_mark``,
+        FTS5's structure at its start (``_words_written``) and the last entry of the
+        retired vectors' queue (``vectors.announce_retired``)."""
         conn.execute("BEGIN IMMEDIATE")
         try:
             conn.execute(postings.WORDS_CLEAR_SQL)  # what a rolled-back one left
-            return self._mark(conn), postings.fts_structure(conn)
+            retired = int(conn.execute(RETIRED_MAX_SQL).fetchone()[0])
+            return self._mark(conn), postings.fts_structure(conn), retired
         except BaseException:  # no transaction left open to hold the lock
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
@@ -318,13 +329,15 @@ class SqliteStore(VectorTables, UpkeepReads):
     def _commit(self, conn: sqlite3.Connection, tx: Transaction) -> None:
         """End a write transaction on the writer's thread, in one round trip: its queued
         writes first (``Pipelined``), then make the postings of the records it queued
-        (``postings``), delete the vectors its retired records held, and commit."""
+        (``postings``), announce that the vectors its retired records held are gone
+        (deleted later: ``sweep_vectors``), and commit."""
         if tx.failure is not None:  # a queued write failed with a call that went on
             raise tx.failure
         postings.index_due_sync(conn)
-        sweep_retired(conn, tx.journal, lambda: self._table_names(conn))
+        waiting = announce_retired(conn, tx.journal, tx.retired_after)
         texts = conn.execute(postings.WORDS_WRITTEN_SQL).fetchall()
         conn.execute("COMMIT")
+        self._retired_waiting = waiting
         self._own_commits += 1
         self._words_written(conn, tx, texts)
 
@@ -482,6 +495,23 @@ class SqliteStore(VectorTables, UpkeepReads):
             "SELECT embedder, count(*) FROM records WHERE embedder IS NOT NULL GROUP BY embedder"
         )
         return {str(name): int(n) for name, n in rows}
+
+    @property
+    def vectors_to_sweep(self) -> bool:
+        return self._retired_waiting
+
+    async def sweep_vectors(self, most: int) -> int:
+        """Delete the vec0 rows of up to ``most`` retired records, announced gone by the
+        commits that retired them (``vectors.announce_retired``): how many records'."""
+        if not self._retired_waiting:
+            return 0
+
+        def sweep(conn: sqlite3.Connection) -> int:
+            return delete_retired(conn, self._table_names(conn), most)
+
+        async with self.write():
+            done = await on_thread(self._writer, sweep)
+        return done
 
     async def iter_records(self, *, batch: int = 500) -> AsyncIterator[Record]:
         """Every record, archived and history included, in write order."""

@@ -95,6 +95,7 @@ class Transaction(SharedWrites, Queries):
         self._writer = conn
         self._began = began  # the store's ``write_mark`` at its start
         self.words_before: bytes | None = None  # FTS5's structure at its start
+        self.retired_after = 0  # the retired vectors' queue's last entry at its start
         self._touched: set[int] = set()  # records whose vectors this transaction changed
         self._changes_at_start = conn.total_changes
         self._queued = False  # it queued a write (``Pipelined``)
@@ -397,7 +398,8 @@ def _insert(
     if rows is None:
         return None, None
     table, embedder, blobs = rows
-    write_rows(conn, journal, table, embedder, Slot(seq, *_partition(params), 1, None, 0), 0, blobs)
+    slot = Slot(seq, *_partition(params), 1, None, 0)
+    write_rows(conn, journal, tables, table, embedder, slot, 0, blobs)
     return seq, None
 
 
@@ -423,7 +425,7 @@ def _put(
         delete_rows(conn, journal, tables(), slot.embedder, slot.seq, slot.vec_rows)
     if not slot.live:
         return slot.seq, False  # only current records are indexed
-    write_rows(conn, journal, table, embedder, slot, 0, blobs)
+    write_rows(conn, journal, tables, table, embedder, slot, 0, blobs)
     return slot.seq, True
 
 
@@ -450,7 +452,7 @@ def _carry(
         [json.dumps(wanted)],
     ).fetchall()
     blobs = [bytes(b) for _, b in rows]
-    write_rows(conn, journal, table, embedder, target, target.vec_rows, blobs)
+    write_rows(conn, journal, tables, table, embedder, target, target.vec_rows, blobs)
     return target.seq, len(rows)
 
 
