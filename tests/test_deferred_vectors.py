@@ -238,3 +238,39 @@ async def test_a_retired_records_vector_rows_are_deleted_once_the_engine_is_quie
     await memory.engine.finish_deferred(10)  # what a closing engine does
     assert not store.vectors_to_sweep
     assert await vec0_rows() == before - 2
+
+
+@pytest.mark.sqlite_only
+async def test_a_sweep_that_fails_is_not_tried_again_at_every_search(
+    recorded: tuple[MemoryService, Recording],
+    project: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A store that cannot delete them now (read-only, say) is asked again a minute
+    later, not by every search; the retired rows stay gone for every reader."""
+    from memory_mcp import engine as engine_module
+    from memory_mcp.errors import StorageError
+
+    monkeypatch.setattr(engine_module, "_QUIET_S", 0.01)
+    memory, _ = recorded
+    store = memory.engine.store
+    gone = await memory.store("The cache holds the last 500 builds", cwd=project)
+    await memory.engine.finish_deferred(10)
+    await memory.forget(gone.id, cwd=project)
+    tried: list[int] = []
+
+    async def refuse(most: int) -> int:
+        tried.append(most)
+        raise StorageError("attempt to write a readonly database")
+
+    monkeypatch.setattr(store, "sweep_vectors", refuse)
+    for _ in range(3):
+        found = await memory.search("cache builds", cwd=project)
+        assert gone.id not in [h.record.id for h in found.hits]
+        task = memory.engine._completing
+        assert task is not None
+        await task
+    assert len(tried) == 1
+    assert "could not delete the vectors of retired records" in caplog.text
+    assert store.vectors_to_sweep

@@ -112,6 +112,7 @@ class Engine:
         self._adopted: set[str] = set()  # project keys whose earlier keys were looked at
         self._due: dict[str, float] = {}  # records whose other passages await, since when
         self._completing: asyncio.Task[None] | None = None
+        self._sweep_after = 0.0  # a failed sweep is not tried again before then (monotonic)
         # when a store or search last asked for the model (opening counts: a session's
         # first calls come right after its server starts)
         self._active_at = time.monotonic()
@@ -367,7 +368,7 @@ class Engine:
     def note_activity(self) -> None:
         """A store or a search is using the model: deferred embedding waits for quiet."""
         self._active_at = time.monotonic()
-        if self.store.vectors_to_sweep:
+        if self._to_sweep():
             self._work_later()
 
     async def quiet(self, seconds: float, most: float) -> None:
@@ -396,7 +397,7 @@ class Engine:
     def _work_later(self) -> None:
         """Start the background work that waits for quiet (``_complete_due``) if there
         is some and it is not running."""
-        if not (self._due or self.store.vectors_to_sweep):
+        if not (self._due or self._to_sweep()):
             return
         if self._completing is None or self._completing.done():
             self._completing = asyncio.get_running_loop().create_task(self._complete_due())
@@ -405,7 +406,7 @@ class Engine:
         """Deferred passages, then the retired records' vector rows (``Store.sweep_vectors``),
         each once stores and searches pause."""
         started = time.monotonic()
-        while self._due or self.store.vectors_to_sweep:
+        while self._due or self._to_sweep():
             now = time.monotonic()
             quiet = now - self._active_at
             oldest = min(self._due.values(), default=started)
@@ -417,13 +418,19 @@ class Engine:
             elif not await self._sweep():
                 return
 
+    def _to_sweep(self) -> bool:
+        """Whether retired records' vector rows wait, and no sweep failed a moment ago."""
+        return self.store.vectors_to_sweep and time.monotonic() >= self._sweep_after
+
     async def _sweep(self) -> bool:
-        """One batch of retired vector rows deleted; False if that failed (the next
-        write or close tries again)."""
+        """One batch of retired vector rows deleted; False if that failed (tried again
+        after ``_DUE_WAIT_S``, or at close: a store that cannot be written, say, is not
+        asked at every search)."""
         try:
             await self.store.sweep_vectors(_SWEEP_BATCH)
         except Exception:
             log.warning("could not delete the vectors of retired records now", exc_info=True)
+            self._sweep_after = time.monotonic() + _DUE_WAIT_S
             return False
         return True
 
