@@ -208,6 +208,18 @@ async def test_a_record_that_takes_retired_rowids_again_takes_them_over(tmp_path
         assert await _seq(store, after.id) == seq  # the same rowids
         assert abs((await store.dense_scores(unit(0, 1, 0), "m", [after.id]))[after.id] - 1) < 1e-5
 
+        # in one transaction: the copy drops the rows the seq had, not adds to them
+        assert [h.record.id for h in await store.nearest(unit(0, 1, 0), "m", FILTERS, 5)] == [
+            after.id
+        ]
+        again = fact("the nightly job runs at four", embedder="m")
+        async with store.write() as tx:
+            await tx.execute("DELETE FROM records WHERE id = ?", [after.id])
+            await tx.insert(again, unit(0, 0, 1)[None, :])
+        assert await _seq(store, again.id) == seq
+        hits = await store.nearest(unit(0, 1, 0), "m", FILTERS, 5)  # the old row's vector
+        assert all(h.score < 0.5 for h in hits if h.record.id == again.id)
+
         kept = fact("deploys need a green build", embedder="m")
         async with store.write() as tx:
             await tx.insert(kept, unit(0, 0, 1)[None, :])

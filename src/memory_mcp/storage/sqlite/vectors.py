@@ -167,7 +167,8 @@ def write_rows(
     deleted record's ``seq`` given to a new one, takes the same rowids.
     """
     if conn.execute(RETIRED_OF_SQL, [slot.seq]).fetchone():
-        _delete_retired(conn, tables(), conn.execute(RETIRED_ROWS_OF_SQL, [slot.seq]).fetchall())
+        queued = conn.execute(RETIRED_ROWS_OF_SQL, [slot.seq]).fetchall()
+        _delete_retired(conn, tables(), queued, journal)
     rowids = rowids_of(slot.seq, len(blobs), start=start)
     journal.logged(log_change(conn, embedder, slot.seq))
     journal.wrote(embedder, slot, rowids, blobs)
@@ -240,11 +241,18 @@ def delete_retired(conn: sqlite3.Connection, tables: Mapping[str, str], most: in
 
 
 def _delete_retired(
-    conn: sqlite3.Connection, tables: Mapping[str, str], queued: Sequence[Any]
+    conn: sqlite3.Connection,
+    tables: Mapping[str, str],
+    queued: Sequence[Any],
+    journal: Journal | None = None,
 ) -> None:
     """Delete these queue entries (rowid, seq, embedder, vec_rows) and their vec0 rows
-    (left alone when sqlite-vec is not loaded: ``tables`` is then empty)."""
+    (left alone when sqlite-vec is not loaded: ``tables`` is then empty); with a
+    ``journal``, announced again (their transaction may not have announced them yet)."""
     for _, seq, embedder, count in queued:
+        if journal is not None:
+            journal.logged(log_change(conn, str(embedder), int(seq)))
+            journal.deleted(str(embedder), int(seq))
         table = tables.get(str(embedder))
         if table is not None and int(count) > 0:
             rows = rowids_of(int(seq), int(count))
