@@ -238,6 +238,127 @@ async def test_a_record_that_takes_retired_rowids_again_takes_them_over(tmp_path
         await store.close()
 
 
+async def test_a_retirement_queued_after_a_takeover_is_announced(tmp_path: Path) -> None:
+    """The queue reuses rowids: a record retired after a takeover of the queue's last
+    entry, in the same transaction, gets that entry's rowid, which is not past the one
+    noted at BEGIN; it is announced all the same."""
+    store = await SqliteStore.open(tmp_path / "m.db")
+    try:
+        a, b, c = (fact(t, embedder="m") for t in ("alpha", "bravo", "charlie"))
+        async with store.write() as tx:
+            await tx.insert(a, unit(1, 0, 0)[None, :])
+            await tx.insert(b, unit(0, 1, 0)[None, :])
+            await tx.insert(c, unit(0, 0, 1)[None, :])
+        await store.nearest(unit(1, 0, 0), "m", FILTERS, 5)  # the copy loads
+        now = format_time(utcnow())
+        for record in (a, b):
+            async with store.write() as tx:
+                await tx.archive(record.id, "test", now)
+        async with store.write() as tx:  # b made current again and re-embedded
+            await tx.restore(b.id, now)
+            assert await tx.set_vectors([(b, unit(0, 1, 0)[None, :])], "m")  # takes the last
+            await tx.archive(c.id, "test", now)  # queued with that rowid again
+            assert [row[0] for row in await tx.fetch("SELECT rowid FROM retired_vectors")] == [
+                1,
+                2,
+            ]
+            assert tx.retired_after == 2
+        c_seq = await _seq(store, c.id)
+        assert c_seq not in _held_seqs(store)
+        logged = "SELECT count(*) FROM vector_changes WHERE seq = ?"
+        changes = await store.reads.fetch(logged, [c_seq])
+        assert changes[0][0] >= 2  # its insert, and its retirement
+    finally:
+        await store.close()
+
+
+async def test_a_retired_records_rows_never_pass_for_a_current_records(tmp_path: Path) -> None:
+    """A record made current again without vectors, and a deleted record's seq given to
+    a record without vectors: neither is found by the old rows, through vec0's own
+    search or as a neighbour in time (their rows go at the commit that revives them)."""
+    store = await SqliteStore.open(tmp_path / "m.db", vector_copy=False)
+    try:
+        keep, gone = fact("kept", embedder="m"), fact("purged text", embedder="m")
+        back = fact("restored without vectors", embedder="m")
+        async with store.write() as tx:
+            await tx.insert(keep, unit(1, 0, 0)[None, :])
+            await tx.insert(back, unit(0, 0, 1)[None, :])
+            await tx.insert(gone, unit(0, 1, 0)[None, :])
+        now = format_time(utcnow())
+        async with store.write() as tx:
+            await tx.archive(back.id, "test", now)
+            await tx.archive(gone.id, "test", now)
+        gone_seq = await _seq(store, gone.id)
+        async with store.write() as tx:
+            await tx.restore(back.id, now)
+            await tx.purge([gone.id], "9999", now)
+        back_seq = await _seq(store, back.id)
+        queued = "SELECT seq FROM retired_vectors"
+        assert await store.reads.fetch(queued) == [(gone_seq,)]  # back's rows went
+        newcomer = fact("a newcomer awaiting its vectors")
+        async with store.write() as tx:
+            await tx.insert(newcomer, None)
+        assert await store.reads.fetch(queued) == []  # the reused seq's rows went too
+        assert (await store.stats()).vector_indexes[0][3] == 1
+        assert await _seq(store, newcomer.id) == gone_seq
+        assert back_seq != gone_seq
+        for old in (unit(0, 1, 0), unit(0, 0, 1)):
+            found = [h.record.id for h in await store.nearest(old, "m", FILTERS, 5)]
+            assert newcomer.id not in found and back.id not in found
+        around = await store.in_conversation([keep.id], 3600, "m")
+        assert newcomer.id not in around[keep.id].neighbours
+        assert back.id not in around[keep.id].neighbours
+        assert (await store.doctor()).healthy
+    finally:
+        await store.close()
+
+
+async def test_a_process_without_sqlite_vec_leaves_the_rows_to_one_with_it(
+    tmp_path: Path,
+) -> None:
+    """It cannot delete vec0's rows: it keeps their queue entries; a record it makes
+    current again is not found by them; a process that can takes them over."""
+    import dataclasses
+
+    path = tmp_path / "m.db"
+    store = await SqliteStore.open(path)
+    try:
+        r = fact("restored later", embedder="m")
+        other = fact("written just after it", embedder="m")
+        async with store.write() as tx:
+            await tx.insert(r, unit(0, 1, 0)[None, :])
+            await tx.insert(other, unit(0, 0, 1)[None, :])
+        async with store.write() as tx:
+            await tx.archive(r.id, "test", format_time(utcnow()))
+        bare = await SqliteStore.open(path, driver=dataclasses.replace(store.driver, vectors=False))
+        try:
+            assert not bare.vectors_to_sweep
+            assert await bare.sweep_vectors(8) == 0
+            async with bare.write() as tx:  # made current again: its rows cannot go now
+                await tx.restore(r.id, format_time(utcnow()))
+        finally:
+            await bare.close()
+        assert (await store.reads.fetch("SELECT count(*) FROM retired_vectors")) == [(1,)]
+        plain = await SqliteStore.open(path, vector_copy=False)
+        try:  # its rows, still in vec0, are not its vectors
+            found = [h.record.id for h in await plain.nearest(unit(0, 1, 0), "m", FILTERS, 5)]
+            assert r.id not in found
+            assert await plain.vectors_of(r.id, "m") is None
+            around = await plain.in_conversation([other.id], 3600, "m")
+            assert r.id not in around[other.id].neighbours
+        finally:
+            await plain.close()
+        async with store.write() as tx:
+            assert await tx.set_vectors([(r, unit(1, 0, 0)[None, :])], "m")
+        assert await store.reads.fetch("SELECT count(*) FROM retired_vectors") == [(0,)]
+        assert (await store.stats()).vector_indexes[0][3] == 2  # its new row and other's
+        hits = await store.nearest(unit(1, 0, 0), "m", FILTERS, 5)
+        assert hits[0].record.id == r.id and hits[0].score > 0.99
+        assert (await store.doctor()).healthy
+    finally:
+        await store.close()
+
+
 async def test_filters_apply_before_the_limit_in_the_vector_search(tmp_path: Path) -> None:
     store = await SqliteStore.open(tmp_path / "m.db")
     try:

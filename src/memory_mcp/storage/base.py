@@ -497,8 +497,8 @@ class EmbeddingQueue(Protocol):
         ...
 
     async def sweep_vectors(self, most: int) -> int:
-        """Delete the waiting vector rows of up to ``most`` records, in a write
-        transaction of their own: how many records' (0: none waited)."""
+        """Delete about ``most`` of the waiting vector rows (a record's at least), in a
+        write transaction of their own: how many records' (0: none waited)."""
         ...
 
 

@@ -209,11 +209,16 @@ def _arounds(found: _Conversations, vector_of: Mapping[int, Vector]) -> dict[str
 
 
 def _vec0_query(table: str, rowids: Sequence[int]) -> tuple[str, list[Any]]:
-    """These vec0 rows, by rowid in the order asked, with their vectors."""
-    # A join on rowid is a point lookup in vec0 (a range or IN list is a full scan).
+    """These vec0 rows, by rowid in the order asked, with their vectors: those a current
+    record holds (a retired record's rows wait in vec0 until they are swept:
+    ``vectors.announce_retired``)."""
+    # A join on rowid is a point lookup in vec0 (a range or IN list is a full scan);
+    # CROSS JOIN keeps that order.
     return (
         f"SELECT j.value, v.embedding FROM json_each(?) j "
-        f"JOIN {table} v ON v.rowid = j.value ORDER BY j.key",
+        f"CROSS JOIN records r ON r.seq = j.value / {MAX_PASSAGES} "
+        f"CROSS JOIN {table} v ON v.rowid = j.value "
+        f"WHERE r.live = 1 AND r.vec_rows > j.value % {MAX_PASSAGES} ORDER BY j.key",
         [json.dumps(list(rowids))],
     )
 
@@ -473,7 +478,10 @@ class Queries:
         if not best:
             return []
         where, params = filters_sql(filters)
-        rows = await self.fetch(by_seq_sql(best, where), [*best, *params])
+        # only records that hold vectors: a retired record's rows wait in vec0 until
+        # they are swept, and its seq may be a record's without vectors again
+        held = f"{where} AND r.vec_rows > 0"
+        rows = await self.fetch(by_seq_sql(best, held), [*best, *params])
         return [Scored(record_of(row), score) for row, score in by_seq(rows, best, k)]
 
     async def nearest_with_scores(

@@ -60,6 +60,7 @@ from memory_mcp.storage.sqlite.vectors import (
     VectorTables,
     announce_retired,
     delete_retired,
+    delete_revived,
     rowids_of,
 )
 
@@ -183,7 +184,7 @@ class SqliteStore(VectorTables, UpkeepReads):
         )
         # what a process that ended before it swept left (``sweep_vectors``)
         waiting = await reader.execute_fetchall("SELECT 1 FROM retired_vectors LIMIT 1")
-        store._retired_waiting = bool(list(waiting))
+        store._retired_waiting = bool(list(waiting)) and chosen.vectors
         return store
 
     @property
@@ -335,9 +336,11 @@ class SqliteStore(VectorTables, UpkeepReads):
             raise tx.failure
         postings.index_due_sync(conn)
         waiting = announce_retired(conn, tx.journal, tx.retired_after)
+        if self.driver.vectors:  # else vec0 cannot be touched: the rows wait for a process that can
+            delete_revived(conn, self._table_names(conn))
         texts = conn.execute(postings.WORDS_WRITTEN_SQL).fetchall()
         conn.execute("COMMIT")
-        self._retired_waiting = waiting
+        self._retired_waiting = waiting and self.driver.vectors
         self._own_commits += 1
         self._words_written(conn, tx, texts)
 
@@ -502,8 +505,10 @@ class SqliteStore(VectorTables, UpkeepReads):
 
     async def sweep_vectors(self, most: int) -> int:
         """Delete the vec0 rows of up to ``most`` retired records, announced gone by the
-        commits that retired them (``vectors.announce_retired``): how many records'."""
-        if not self._retired_waiting:
+        commits that retired them (``vectors.announce_retired``), about ``most`` rows:
+        how many records'. Never without sqlite-vec: the rows wait for a process that
+        can delete them."""
+        if not self._retired_waiting or not self.driver.vectors:
             return 0
 
         def sweep(conn: sqlite3.Connection) -> int:

@@ -100,6 +100,9 @@ class Journal:
     last: int = 0
     records: dict[tuple[str, int], Written] = field(default_factory=dict)  # (embedder, seq)
     followed: bool = True  # False: a change it cannot replay (a bare ``log_change``)
+    # The lowest entry of ``retired_vectors`` it took over (``write_rows``), less one: the
+    # queue's rowids are reused, so an entry it queues next may get that rowid again.
+    retired_floor: int | None = None
 
     def logged(self, change: int) -> None:
         self.first = self.first or change
@@ -217,12 +220,21 @@ RETIRED_MAX_SQL = "SELECT coalesce(max(rowid), 0) FROM retired_vectors"
 RETIRED_OF_SQL = "SELECT 1 FROM retired_vectors WHERE seq = ?"
 RETIRED_ROWS_OF_SQL = "SELECT rowid, seq, embedder, vec_rows FROM retired_vectors WHERE seq = ?"
 RETIRED_SQL = "SELECT rowid, seq, embedder, vec_rows FROM retired_vectors ORDER BY rowid LIMIT ?"
+# Queued rows whose seq is a current record's again (made current again, or a deleted
+# record's seq reused): they would pass for its vectors, so they go before the commit.
+REVIVED_SQL = (
+    "SELECT q.rowid, q.seq, q.embedder, q.vec_rows FROM retired_vectors q "
+    "JOIN records r ON r.seq = q.seq WHERE r.live = 1"
+)
 
 
 def announce_retired(conn: sqlite3.Connection, journal: Journal, after: int) -> bool:
     """Tell the in-memory copies (``journal``) and other processes (the change log)
     that the vector rows queued since ``after`` (the queue's last rowid when the
-    transaction began) are gone; the rows stay queued. Whether any rows wait."""
+    transaction began, or below an entry it took over) are gone; the rows stay queued.
+    Whether any rows wait."""
+    if journal.retired_floor is not None:
+        after = min(after, journal.retired_floor)
     queued = conn.execute(
         "SELECT seq, embedder FROM retired_vectors WHERE rowid > ?", [after]
     ).fetchall()
@@ -232,12 +244,26 @@ def announce_retired(conn: sqlite3.Connection, journal: Journal, after: int) -> 
     return bool(queued) or bool(conn.execute("SELECT 1 FROM retired_vectors LIMIT 1").fetchone())
 
 
+def delete_revived(conn: sqlite3.Connection, tables: Mapping[str, str]) -> None:
+    """Delete the queued rows of seqs that are current records' again (``REVIVED_SQL``),
+    at the commit (announced already: their records were retired first)."""
+    revived = conn.execute(REVIVED_SQL).fetchall()
+    if revived:
+        _delete_retired(conn, tables, revived)
+
+
 def delete_retired(conn: sqlite3.Connection, tables: Mapping[str, str], most: int) -> int:
-    """Delete the vec0 rows of up to ``most`` queued records (announced already) and
-    their queue entries, inside the caller's write transaction: how many."""
+    """Delete the vec0 rows of queued records (announced already), about ``most`` rows
+    (the first record's whatever its count), and their queue entries, inside the
+    caller's write transaction: how many records'."""
     queued = conn.execute(RETIRED_SQL, [most]).fetchall()
-    _delete_retired(conn, tables, queued)
-    return len(queued)
+    taken, rows = 0, 0
+    for entry in queued:
+        if taken and rows + int(entry[3]) > most:
+            break
+        taken, rows = taken + 1, rows + int(entry[3])
+    _delete_retired(conn, tables, queued[:taken])
+    return taken
 
 
 def _delete_retired(
@@ -247,12 +273,16 @@ def _delete_retired(
     journal: Journal | None = None,
 ) -> None:
     """Delete these queue entries (rowid, seq, embedder, vec_rows) and their vec0 rows
-    (left alone when sqlite-vec is not loaded: ``tables`` is then empty); with a
-    ``journal``, announced again (their transaction may not have announced them yet)."""
-    for _, seq, embedder, count in queued:
+    (only with sqlite-vec loaded: the callers make sure); with a ``journal``, announced
+    again (their transaction may not have announced them yet), and the floor of what
+    its commit announces lowered below them."""
+    for rowid, seq, embedder, count in queued:
         if journal is not None:
             journal.logged(log_change(conn, str(embedder), int(seq)))
             journal.deleted(str(embedder), int(seq))
+            below = int(rowid) - 1
+            if journal.retired_floor is None or below < journal.retired_floor:
+                journal.retired_floor = below
         table = tables.get(str(embedder))
         if table is not None and int(count) > 0:
             rows = rowids_of(int(seq), int(count))
