@@ -55,6 +55,7 @@ from memory_mcp.storage.sqlite.sql import (
 from memory_mcp.storage.sqlite.transaction import Pipelined, Transaction
 from memory_mcp.storage.sqlite.upkeep import UpkeepReads
 from memory_mcp.storage.sqlite.vectors import (
+    RETIRED_ANY_SQL,
     RETIRED_MAX_SQL,
     TABLE_NAME,
     VectorTables,
@@ -183,7 +184,7 @@ class SqliteStore(VectorTables, UpkeepReads):
             connector=connector,
         )
         # what a process that ended before it swept left (``sweep_vectors``)
-        waiting = await reader.execute_fetchall("SELECT 1 FROM retired_vectors LIMIT 1")
+        waiting = await reader.execute_fetchall(RETIRED_ANY_SQL)
         store._retired_waiting = bool(list(waiting)) and chosen.vectors
         return store
 
@@ -335,12 +336,14 @@ class SqliteStore(VectorTables, UpkeepReads):
         if tx.failure is not None:  # a queued write failed with a call that went on
             raise tx.failure
         postings.index_due_sync(conn)
-        waiting = announce_retired(conn, tx.journal, tx.retired_after)
-        if self.driver.vectors:  # else vec0 cannot be touched: the rows wait for a process that can
+        announce_retired(conn, tx.journal, tx.retired_after)
+        waiting = False  # without sqlite-vec, the rows wait for a process with it
+        if self.driver.vectors:
             delete_revived(conn, self._table_names(conn))
+            waiting = conn.execute(RETIRED_ANY_SQL).fetchone() is not None
         texts = conn.execute(postings.WORDS_WRITTEN_SQL).fetchall()
         conn.execute("COMMIT")
-        self._retired_waiting = waiting and self.driver.vectors
+        self._retired_waiting = waiting
         self._own_commits += 1
         self._words_written(conn, tx, texts)
 
@@ -504,8 +507,8 @@ class SqliteStore(VectorTables, UpkeepReads):
         return self._retired_waiting
 
     async def sweep_vectors(self, most: int) -> int:
-        """Delete the vec0 rows of up to ``most`` retired records, announced gone by the
-        commits that retired them (``vectors.announce_retired``), about ``most`` rows:
+        """Delete about ``most`` vec0 rows of retired records (a record's at least),
+        announced gone by the commits that retired them (``vectors.announce_retired``):
         how many records'. Never without sqlite-vec: the rows wait for a process that
         can delete them."""
         if not self._retired_waiting or not self.driver.vectors:

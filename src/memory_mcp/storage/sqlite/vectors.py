@@ -169,8 +169,7 @@ def write_rows(
     (``announce_retired``), are deleted first: a record made current again, or a
     deleted record's ``seq`` given to a new one, takes the same rowids.
     """
-    if conn.execute(RETIRED_OF_SQL, [slot.seq]).fetchone():
-        queued = conn.execute(RETIRED_ROWS_OF_SQL, [slot.seq]).fetchall()
+    if queued := conn.execute(RETIRED_ROWS_OF_SQL, [slot.seq]).fetchall():
         _delete_retired(conn, tables(), queued, journal)
     rowids = rowids_of(slot.seq, len(blobs), start=start)
     journal.logged(log_change(conn, embedder, slot.seq))
@@ -187,13 +186,14 @@ def write_rows(
 
 def delete_rows(
     conn: sqlite3.Connection,
-    journal: Journal,
+    journal: Journal | None,
     tables: Mapping[str, str],
     embedder: str,
     seq: int,
     count: int,
 ) -> None:
-    """Delete a record's passage vectors, one rowid at a time (vec0's only fast delete).
+    """Delete a record's passage vectors, one rowid at a time (vec0's only fast delete),
+    and with a ``journal`` announce them gone (``announce``; without, they were).
 
     ``tables``: the vec0 table of each embedder whose vectors can be read (none
     when sqlite-vec is not loaded: the rows are then left alone).
@@ -202,6 +202,13 @@ def delete_rows(
     if table is None or count <= 0:
         return
     conn.executemany(f"DELETE FROM {table} WHERE rowid = ?", [(r,) for r in rowids_of(seq, count)])
+    if journal is not None:
+        announce(conn, journal, embedder, seq)
+
+
+def announce(conn: sqlite3.Connection, journal: Journal, embedder: str, seq: int) -> None:
+    """Tell this process's copies (``journal``) and other processes' (the change log)
+    that record ``seq``'s rows of ``embedder`` are gone."""
     journal.logged(log_change(conn, embedder, seq))
     journal.deleted(embedder, seq)
 
@@ -217,7 +224,7 @@ def delete_rows(
 # Until then the rows belong to no current record, and every read of vec0 skips them:
 # it keeps the rows of records that are current and hold vectors (``HELD``).
 RETIRED_MAX_SQL = "SELECT coalesce(max(rowid), 0) FROM retired_vectors"
-RETIRED_OF_SQL = "SELECT 1 FROM retired_vectors WHERE seq = ?"
+RETIRED_ANY_SQL = "SELECT 1 FROM retired_vectors LIMIT 1"
 RETIRED_ROWS_OF_SQL = "SELECT rowid, seq, embedder, vec_rows FROM retired_vectors WHERE seq = ?"
 RETIRED_SQL = "SELECT rowid, seq, embedder, vec_rows FROM retired_vectors ORDER BY rowid LIMIT ?"
 # Queued rows whose seq is a current record's again (made current again, or a deleted
@@ -228,20 +235,17 @@ REVIVED_SQL = (
 )
 
 
-def announce_retired(conn: sqlite3.Connection, journal: Journal, after: int) -> bool:
-    """Tell the in-memory copies (``journal``) and other processes (the change log)
-    that the vector rows queued since ``after`` (the queue's last rowid when the
-    transaction began, or below an entry it took over) are gone; the rows stay queued.
-    Whether any rows wait."""
+def announce_retired(conn: sqlite3.Connection, journal: Journal, after: int) -> None:
+    """Announce gone (``announce``) the vector rows queued since ``after`` (the queue's
+    last rowid when the transaction began, or below an entry it took over); the rows
+    stay queued."""
     if journal.retired_floor is not None:
         after = min(after, journal.retired_floor)
     queued = conn.execute(
         "SELECT seq, embedder FROM retired_vectors WHERE rowid > ?", [after]
     ).fetchall()
     for seq, embedder in queued:
-        journal.logged(log_change(conn, str(embedder), int(seq)))
-        journal.deleted(str(embedder), int(seq))
-    return bool(queued) or bool(conn.execute("SELECT 1 FROM retired_vectors LIMIT 1").fetchone())
+        announce(conn, journal, str(embedder), int(seq))
 
 
 def delete_revived(conn: sqlite3.Connection, tables: Mapping[str, str]) -> None:
@@ -277,16 +281,11 @@ def _delete_retired(
     again (their transaction may not have announced them yet), and the floor of what
     its commit announces lowered below them."""
     for rowid, seq, embedder, count in queued:
+        delete_rows(conn, journal, tables, str(embedder), int(seq), int(count))
         if journal is not None:
-            journal.logged(log_change(conn, str(embedder), int(seq)))
-            journal.deleted(str(embedder), int(seq))
             below = int(rowid) - 1
             if journal.retired_floor is None or below < journal.retired_floor:
                 journal.retired_floor = below
-        table = tables.get(str(embedder))
-        if table is not None and int(count) > 0:
-            rows = rowids_of(int(seq), int(count))
-            conn.executemany(f"DELETE FROM {table} WHERE rowid = ?", [(r,) for r in rows])
     conn.executemany("DELETE FROM retired_vectors WHERE rowid = ?", [(q[0],) for q in queued])
 
 
