@@ -808,19 +808,9 @@ def cluster(
     on a sample of ``_SAMPLE_PER_CLUSTER`` rows per cluster for ``_ROUNDS`` rounds
     (the cosine ignores the rows' scales, so the codes serve as they are), then
     every row goes to its nearest centroid. Seeded, so that it is repeatable.
-    The rows go through the matrix products ``_CLUSTER_BLOCK`` at a time, and
+    The rows go through ``_nearest_cells`` ``_CLUSTER_BLOCK`` at a time, and
     ``stopping`` is looked at before each block (raises ``_Stopped`` once set).
     """
-
-    def nearest_of(rows: Vector, centroids: Vector) -> npt.NDArray[np.int64]:
-        out = np.empty(len(rows), np.int64)
-        for start in range(0, len(rows), _CLUSTER_BLOCK):
-            if stopping is not None and stopping.is_set():
-                raise _Stopped
-            part = rows[start : start + _CLUSTER_BLOCK]
-            out[start : start + len(part)] = np.argmax(part @ centroids.T, axis=1)
-        return out
-
     rng = np.random.default_rng(len(positions))
     count = len(positions)
     clusters = ivf_lists(count)
@@ -828,7 +818,7 @@ def cluster(
     sample = _units(codes.take(positions[picked]))
     centroids = sample[rng.choice(len(sample), clusters, replace=False)]
     for _ in range(_ROUNDS):
-        nearest = nearest_of(sample, centroids)
+        nearest = _nearest_cells(centroids, sample, stopping)
         sums = np.zeros_like(centroids)
         np.add.at(sums, nearest, sample)
         empty = np.bincount(nearest, minlength=clusters) == 0
@@ -837,7 +827,7 @@ def cluster(
     cells = np.empty(count, np.int32)
     for start in range(0, count, _CLUSTER_BLOCK):
         part = codes.take(positions[start : start + _CLUSTER_BLOCK]).astype(np.float32)
-        cells[start : start + len(part)] = nearest_of(part, centroids)
+        cells[start : start + len(part)] = _nearest_cells(centroids, part, stopping)
     return centroids, rowids, cells
 
 
@@ -851,9 +841,14 @@ _MARK_MOST = 10_000
 _FEW_ROWS = 8
 
 
-def _nearest_cells(centroids: Vector, vectors: npt.NDArray[np.float32]) -> npt.NDArray[np.int32]:
+def _nearest_cells(
+    centroids: Vector,
+    vectors: npt.NDArray[np.float32],
+    stopping: threading.Event | None = None,
+) -> npt.NDArray[np.int32]:
     """Each vector's nearest centroid (the centroids unit rows; a vector's length does
-    not change which), ``_CLUSTER_BLOCK`` vectors at a time.
+    not change which), ``_CLUSTER_BLOCK`` vectors at a time, ``stopping`` looked at
+    before each (raises ``_Stopped`` once set: a clustering's).
 
     A store's few rows go through numkong's SIMD kernels on the calling thread: numpy's
     matrix product there (0.02 ms for one row at 1,088 clusters) woke OpenBLAS's threads,
@@ -866,6 +861,8 @@ def _nearest_cells(centroids: Vector, vectors: npt.NDArray[np.float32]) -> npt.N
     centroids = np.ascontiguousarray(centroids, np.float32)  # numkong: one dtype on both sides
     cells = np.empty(len(vectors), np.int32)
     for start in range(0, len(vectors), _CLUSTER_BLOCK):
+        if stopping is not None and stopping.is_set():
+            raise _Stopped
         part = np.ascontiguousarray(vectors[start : start + _CLUSTER_BLOCK], np.float32)
         if len(part) <= _FEW_ROWS:
             scores = np.empty((len(part), len(centroids)), np.float32)
