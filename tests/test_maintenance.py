@@ -11,6 +11,7 @@ import sys
 import threading
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
@@ -31,7 +32,7 @@ from memory_mcp.errors import InvalidInput, NotFound
 from memory_mcp.llm import ChatEndpoint, Command
 from memory_mcp.maintenance import Maintenance
 from memory_mcp.maintenance.context import TaskRun
-from memory_mcp.records import Record, format_time, parse_time
+from memory_mcp.records import Record, StoreResult, format_time, parse_time
 from memory_mcp.scope import project_scope
 from memory_mcp.service import MemoryService
 from memory_mcp.storage.base import Filters, TaskState
@@ -577,9 +578,11 @@ async def test_a_failing_llm_leaves_the_fold_as_it_was(
 # Re-embed convergence -----------------------------------------------------------------
 
 
-async def test_rows_converge_to_a_new_embedder_without_a_command(
+@asynccontextmanager
+async def new_embedder(
     tmp_path: Path, storage_url: str, project: Path
-) -> None:
+) -> AsyncIterator[tuple[MemoryService, list[StoreResult]]]:
+    """Three facts stored with ``fake:old``, then the service opened on ``fake:new``."""
     settings, database = store_place(tmp_path, storage_url, "m")
     async with MemoryService.open(
         settings, database=database, embedder=FakeEmbedder(name="fake:old"), wait_for_embedder=10
@@ -593,6 +596,13 @@ async def test_rows_converge_to_a_new_embedder_without_a_command(
     async with MemoryService.open(
         settings, database=database, embedder=FakeEmbedder(name="fake:new"), wait_for_embedder=10
     ) as memory:
+        yield memory, stored
+
+
+async def test_rows_converge_to_a_new_embedder_without_a_command(
+    tmp_path: Path, storage_url: str, project: Path
+) -> None:
+    async with new_embedder(tmp_path, storage_url, project) as (memory, stored):
         assert await memory.engine.store.count_needing_embedding("fake:new") == 3
         waiting = await memory.search("billing module", cwd=project)
         assert [h.record.id for h in waiting.hits][:1] == [stored[0].id]  # found by words
@@ -607,6 +617,33 @@ async def test_rows_converge_to_a_new_embedder_without_a_command(
             group.cancel_scope.cancel()
         for record in stored:
             assert (await memory.get(record.id)).embedder == "fake:new"
+        assert (await memory.search("billing module", cwd=project)).warnings == []
+
+
+async def test_a_reembedding_cut_short_leaves_no_stale_count_of_records_awaiting(
+    tmp_path: Path, storage_url: str, project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The searches' count of records awaiting vectors (kept 30 s) is stale once a batch
+    is written, not only once the run ends: a run cancelled between its last batch and
+    its final count (the server's loop, stopped) left the warning for 30 s."""
+    async with new_embedder(tmp_path, storage_url, project) as (memory, _):
+        waiting = await memory.search("billing module", cwd=project)
+        assert any("3 records still await vectors" in w for w in waiting.warnings)
+        store = memory.engine.store
+        real = store.count_needing_embedding
+        calls: list[bool] = []
+
+        async def cut_short(embedder: str | None, *, incomplete: bool = True) -> int:
+            calls.append(incomplete)
+            if len(calls) > 1:  # the final count, after the batches: the run stops there
+                raise RuntimeError("cancelled")
+            return await real(embedder, incomplete=incomplete)
+
+        monkeypatch.setattr(store, "count_needing_embedding", cut_short)
+        with pytest.raises(RuntimeError):
+            await memory.engine.reembed()
+        monkeypatch.setattr(store, "count_needing_embedding", real)
+        assert await real("fake:new") == 0
         assert (await memory.search("billing module", cwd=project)).warnings == []
 
 

@@ -57,6 +57,7 @@ def check_scope(scope: str) -> None:
 # waiting for the model (one call at a time) waits ~0.1 s, not the 0.8 s of 64 passages.
 EMBED_BATCH = 8
 _AWAITING_TTL_S = 30.0
+_NOT_COUNTED = (-_AWAITING_TTL_S * 2, 0)  # ``Engine._awaiting`` before its first count
 # The passages a store defers (``complete_later``) are embedded once the engine has had
 # no store or search for this long, so that they do not hold up the next one; sooner
 # when this many wait, or when the oldest has waited this long. Then they are embedded
@@ -108,7 +109,7 @@ class Engine:
         self.embeddings = embeddings
         self.clock = clock
         self.sources = list(sources)  # where the settings came from (``status``)
-        self._awaiting: tuple[float, int] = (-_AWAITING_TTL_S * 2, 0)
+        self._awaiting: tuple[float, int] = _NOT_COUNTED
         self._adopted: set[str] = set()  # project keys whose earlier keys were looked at
         self._due: dict[str, float] = {}  # records whose other passages await, since when
         self._completing: asyncio.Task[None] | None = None
@@ -516,7 +517,11 @@ class Engine:
 
         async def write(batch: list[tuple[Record, Vector]]) -> int:
             async with self.store.write() as tx:
-                return await tx.set_vectors(batch, identity)
+                written = await tx.set_vectors(batch, identity)
+            # the searches' count of records awaiting vectors is stale from this commit
+            # on, not only once the run ends (a run cancelled between them left it so)
+            self._awaiting = _NOT_COUNTED
+            return written
 
         batch = await embedded(0)
         while batch:
