@@ -877,6 +877,7 @@ async def test_a_folded_record_comes_back_field_for_field(
         "Run the linter with make lint before pushing", cwd=project, tags=["ci"]
     )
     await memory.search("linter make lint", cwd=project)
+    await memory.engine.write_accesses()  # the search's count, written after its answer
     before = (await memory.get(first.id)).to_json()
     clock.advance(days=1)
     second = await memory.store("Run the linter with make lint before a push", cwd=project)

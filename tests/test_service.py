@@ -246,12 +246,57 @@ async def test_time_filters_use_the_creation_time(memory: MemoryService, project
         await memory.search("release", cwd=project, since="last tuesday")
 
 
-async def test_returned_hits_count_as_accesses(memory: MemoryService, project: Path) -> None:
+async def test_returned_hits_count_as_accesses_after_the_answer(
+    memory: MemoryService, project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The searches answer before their hits are counted: the counts are written at the
+    engine's next quiet, in one transaction, or as it closes."""
+    from memory_mcp import engine as engine_module
+
+    monkeypatch.setattr(engine_module, "_QUIET_S", 3600)  # no quiet before the close
     stored = await memory.store("The cache TTL is 5 minutes", cwd=project)
+    other = await memory.store("Deploys go out on Tuesdays", cwd=project)
     await memory.search("cache TTL", cwd=project)
-    await memory.search("cache TTL", cwd=project)
+    await memory.unified_search("cache TTL", cwd=project)
+    await memory.project_search("deploys Tuesdays", cwd=project)
+    assert (await memory.get(stored.id)).access_count == 0  # not counted yet
+    await memory.engine.finish_deferred(10)  # what a closing engine does
     record = await memory.get(stored.id)
     assert record.access_count == 2 and record.last_access_at is not None
+    assert (await memory.get(other.id)).access_count == 1
+
+    monkeypatch.setattr(engine_module, "_QUIET_S", 0.01)
+    await memory.search("cache TTL", cwd=project)
+    task = memory.engine._completing
+    assert task is not None
+    await task  # started by the search, written at the quiet after it
+    assert (await memory.get(stored.id)).access_count == 3
+
+
+async def test_a_fold_right_after_a_search_carries_the_counts_of_what_it_absorbs(
+    memory: MemoryService, project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from memory_mcp import engine as engine_module
+
+    monkeypatch.setattr(engine_module, "_QUIET_S", 3600)  # no quiet between the calls
+    first = await memory.store("Run the linter with make lint before pushing", cwd=project)
+    await memory.search("linter make lint", cwd=project)
+    second = await memory.store("Run the linter with make lint before a push", cwd=project)
+    assert second.action == "folded"
+    holder = await memory.get(second.id)
+    assert (holder.access_count, holder.fold_count) == (1, 1)
+    assert (await memory.engine.store.get(first.id)).access_count == 1  # type: ignore[union-attr]
+
+
+async def test_access_counts_add_up_and_the_last_access_never_moves_back(
+    memory: MemoryService, project: Path
+) -> None:
+    stored = await memory.store("The cache TTL is 5 minutes", cwd=project)
+    store = memory.engine.store
+    await store.record_access({stored.id: (2, "2026-01-02T00:00:00.000000Z")})
+    await store.record_access({stored.id: (1, "2026-01-01T00:00:00.000000Z"), "f_none": (1, "x")})
+    record = await memory.get(stored.id)
+    assert (record.access_count, record.last_access_at) == (3, "2026-01-02T00:00:00.000000Z")
 
 
 @pytest.mark.parametrize(

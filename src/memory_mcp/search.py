@@ -20,7 +20,7 @@ import anyio
 
 from memory_mcp import views
 from memory_mcp.engine import Engine, SearchScope, check_scope
-from memory_mcp.errors import InvalidInput, StorageError
+from memory_mcp.errors import InvalidInput
 from memory_mcp.fusion import Candidates, candidates, fuse, read_around, shown, shown_record
 from memory_mcp.overlap import alongside
 from memory_mcp.records import (
@@ -131,7 +131,7 @@ async def search(
     )
     await _annotate(engine, hits, found)
     if count_access:
-        await _count_access(engine, hits, at)
+        _count_access(engine, hits, at)
     return SearchResult(hits=hits, mode=_mode(query_vector), warnings=warnings)
 
 
@@ -159,7 +159,7 @@ async def project_search(
     at = engine.clock()
     hits = fuse(found, dense=query_vector is not None, limit=limit, now=at, plan=engine.plan)
     await _annotate(engine, hits, found)
-    await _count_access(engine, hits, at)
+    _count_access(engine, hits, at)
     return SearchResult(hits=hits, mode=_mode(query_vector), warnings=warnings)
 
 
@@ -226,7 +226,7 @@ async def unified_search(
     kept.sort(key=lambda h: (-round(h.score, 4), SOURCE_OF_CORPUS[h.record.corpus], h.record.id))
     kept = kept[:limit]
     await _annotate(engine, kept, found)
-    await _count_access(engine, kept, at)
+    _count_access(engine, kept, at)
     results = [_unified_item(shown(h) if engine.redacts else h) for h in kept]
     return UnifiedResult(results=results, warnings=warnings, mode=_mode(query_vector))
 
@@ -377,15 +377,9 @@ async def _annotate(engine: Engine, hits: Sequence[Hit], found: Candidates) -> N
             break
 
 
-async def _count_access(engine: Engine, hits: Sequence[Hit], at: datetime) -> None:
-    """Count hits as accesses; a store that cannot be written (read-only, full,
-    busy) loses the count, not the search."""
-    if not hits:
-        return
-    try:
-        await engine.store.record_access([h.record.id for h in hits], format_time(at))
-    except StorageError as exc:
-        log.warning("search hits were not counted: %s", exc)
+def _count_access(engine: Engine, hits: Sequence[Hit], at: datetime) -> None:
+    """Count the hits as accesses, after the answer (``Engine.count_access``)."""
+    engine.count_access([h.record.id for h in hits], format_time(at))
 
 
 @dataclass

@@ -550,6 +550,9 @@ async def _store_drafts(
 ) -> list[StoreResult | InvalidInput]:
     drafts = [d for d in items if isinstance(d, Draft)]
     engine.note_activity()
+    # What this process's searches returned meanwhile is counted first: a fold carries
+    # the counts of the record it absorbs (seconds between an agent's calls: none wait).
+    await engine.write_accesses()
     # One write's reads before the lock stand under it if nothing is committed meanwhile.
     mark = await engine.store.write_mark() if len(drafts) == 1 else None
     # What repeats a stored text exactly is not embedded: it folds into that record and

@@ -85,6 +85,7 @@ class Maintenance:
         if unknown:
             raise InvalidInput(f"unknown task {unknown[0]!r}; use one of: {', '.join(TASKS)}")
         await self.engine.embeddings.settle()
+        await self.engine.write_accesses()  # this process's searches' hits, counted
         reports = []
         for name in TASKS:
             if name in tasks:

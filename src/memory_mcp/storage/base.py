@@ -16,7 +16,7 @@ only the store that handed them out reads.
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -360,8 +360,10 @@ class SearchBranches(Neighbours, Protocol):
         None: the backend cannot tell, and such reads are made again under the lock."""
         ...
 
-    async def record_access(self, record_ids: Sequence[str], at: str) -> None:
-        """Count returned hits as accesses (ranking and staleness read these)."""
+    async def record_access(self, accesses: Mapping[str, tuple[int, str]]) -> None:
+        """Count returned hits as accesses (ranking and staleness read these): each
+        record's new accesses, by id, and the time of the last (``last_access_at``
+        never moves back)."""
         ...
 
 

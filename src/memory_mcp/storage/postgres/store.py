@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
 from functools import partial
@@ -332,19 +332,22 @@ class PgStore(UpkeepReads, Queries):
         by_id = {row[0]: record_of(row) for row in rows}
         return [by_id[i] for i in record_ids if i in by_id]
 
-    async def record_access(self, record_ids: Sequence[str], at: str) -> None:
+    async def record_access(self, accesses: Mapping[str, tuple[int, str]]) -> None:
         """Count returned hits as accesses (ranking and staleness read these)."""
-        if not record_ids:
+        if not accesses:
             return
+        ids = list(accesses)
         async with self.write() as tx:
             # A search need not wait for its access counts to reach the disk (10 ms a
             # search at 1,000 memories here): a crash may lose the last few counts, as
             # SQLite's WAL (synchronous NORMAL) may; it never loses a memory.
             await tx.execute("SET LOCAL synchronous_commit TO off")
             await tx.execute(
-                "UPDATE records SET access_count = access_count + 1, last_access_at = %s "
-                "WHERE id = ANY(%s)",
-                [at, list(record_ids)],
+                "UPDATE records r SET access_count = r.access_count + a.times, "
+                "last_access_at = GREATEST(coalesce(r.last_access_at, a.at), a.at) "
+                "FROM unnest(%s::text[], %s::int[], %s::text[]) AS a (id, times, at) "
+                "WHERE r.id = a.id",
+                [ids, [accesses[i][0] for i in ids], [accesses[i][1] for i in ids]],
             )
 
     def forget_word_counts(self) -> None:

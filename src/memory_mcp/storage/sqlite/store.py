@@ -9,7 +9,7 @@ import logging
 import shutil
 import sqlite3
 import tempfile
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
 from functools import partial
@@ -466,15 +466,15 @@ class SqliteStore(VectorTables, UpkeepReads):
         by_id = {row[0]: record_of(row) for row in rows}
         return [by_id[i] for i in record_ids if i in by_id]
 
-    async def record_access(self, record_ids: Sequence[str], at: str) -> None:
+    async def record_access(self, accesses: Mapping[str, tuple[int, str]]) -> None:
         """Count returned hits as accesses (ranking and staleness read these)."""
-        if not record_ids:
+        if not accesses:
             return
         async with self.write() as tx:
-            await tx.execute(
-                "UPDATE records SET access_count = access_count + 1, last_access_at = ? "
-                f"WHERE id IN ({marks(record_ids)})",
-                [at, *record_ids],
+            await tx.execute_many(
+                "UPDATE records SET access_count = access_count + ?, "
+                "last_access_at = max(coalesce(last_access_at, ?), ?) WHERE id = ?",
+                [(times, at, at, record_id) for record_id, (times, at) in accesses.items()],
             )
 
     async def needing_embedding(self, embedder: str, limit: int) -> list[Record]:
