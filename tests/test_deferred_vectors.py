@@ -7,12 +7,13 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from helpers.storage import store_place
 from memory_mcp.config import Settings
 from memory_mcp.embedders.base import FakeEmbedder, Matrix
-from memory_mcp.passages import split_passages
+from memory_mcp.passages import record_passages, split_passages
 from memory_mcp.service import MemoryService, StoreRequest
 from memory_mcp.storage.base import Store
 from memory_mcp.write import apply, prepare
@@ -83,8 +84,36 @@ async def test_a_store_embeds_its_whole_text_and_its_windows_after_the_answer(
 
     await memory.engine.finish_deferred(10)
 
-    assert embedder.texts[before:] == passages  # after the answer, every passage
-    assert await rows(store, result.id, identity) == len(passages)
+    # after the answer, its windows: the whole text is embedded once, on the hot path
+    assert embedder.texts[before:] == passages[1:]
+    held = await store.vectors_of(result.id, identity)
+    assert held is not None and len(held) == len(passages)
+    assert np.allclose(held, FakeEmbedder().embed(passages), atol=1e-5)  # every passage, in order
+    assert await store.count_needing_embedding(identity) == 0
+
+
+async def test_a_fold_holder_s_deferred_passages_are_all_embedded_again(
+    recorded: tuple[MemoryService, Recording], project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A record that holds other rows than its whole text's (a fold's) is not given its
+    windows after them: every passage of it and of what it absorbed is embedded again."""
+    from memory_mcp import engine as engine_module
+
+    monkeypatch.setattr(engine_module, "_QUIET_S", 3600)
+    memory, embedder = recorded
+    store, identity = memory.engine.store, memory.engine.embeddings.identity
+    assert identity is not None
+    first = await memory.store(LONG, cwd=project)
+    await memory.engine.finish_deferred(10)
+    again = await memory.store(LONG.replace("three times", "three times over"), cwd=project)
+    assert again.action == "folded" and again.id != first.id
+    before = len(embedder.texts)
+    await memory.engine.finish_deferred(10)
+    holder = await memory.get(again.id)
+    wanted = record_passages(holder.content, [m.content for m in holder.merged_from])
+    assert embedder.texts[before:] == wanted
+    held = await store.vectors_of(again.id, identity)
+    assert held is not None and len(held) == len(wanted)
     assert await store.count_needing_embedding(identity) == 0
 
 

@@ -582,6 +582,13 @@ class WriteTransaction(Neighbours, Protocol):
 
     async def set_vectors(self, items: Sequence[tuple[Record, Vector]], embedder: str) -> int: ...
 
+    async def add_passages(self, record: Record, vectors: Vector, embedder: str) -> bool:
+        """Give a record that holds its whole text's vector alone (from ``embedder``) the
+        vectors of its other passages (``vectors``, in order): a store's deferred windows.
+        False, writing nothing, if it holds anything else, or its texts changed since
+        ``record`` was read."""
+        ...
+
     async def mark_vectors_due(self, record_id: str) -> None:
         """The record holds its whole text's vector only: the rest of its passages are due
         (``needing_embedding`` lists it until ``set_vectors`` gives it all of them)."""

@@ -35,6 +35,10 @@ class SharedWrites:
 
         async def _put_vectors(self, record_id: str, vectors: Vector, embedder: str) -> bool: ...
 
+        async def _append_vectors(
+            self, record_id: str, vectors: Vector, embedder: str, start: int
+        ) -> bool: ...
+
     def _sql(self, sql: str) -> str:
         """``sql`` (written with ``?``) in the backend's parameter style."""
         return sql if self.MARK == "?" else sql.replace("?", self.MARK)
@@ -70,6 +74,19 @@ class SharedWrites:
                 await self._execute("UPDATE records SET vectors_due = 0 WHERE id = ?", [record.id])
                 done += 1
         return done
+
+    async def add_passages(self, record: Record, vectors: Vector, embedder: str) -> bool:
+        """Give a record that holds its whole text's vector alone the vectors of its
+        other passages (a store's deferred windows): the whole text is not embedded
+        again, nor its row rewritten."""
+        unchanged = await self._fetch(
+            "SELECT 1 FROM records WHERE id = ? AND content = ? AND merged_text = ?",
+            [record.id, record.content, merged_text(record)],
+        )
+        if not unchanged or not await self._append_vectors(record.id, vectors, embedder, 1):
+            return False
+        await self._execute("UPDATE records SET vectors_due = 0 WHERE id = ?", [record.id])
+        return True
 
     async def mark_vectors_due(self, record_id: str) -> None:
         await self._write("UPDATE records SET vectors_due = 1 WHERE id = ?", [record_id])

@@ -210,6 +210,23 @@ class Transaction(SharedWrites, Queries):
         await self._write_vectors(seq, number, embedder, 0, [_unit(row) for row in matrix])
         return True
 
+    async def _append_vectors(
+        self, record_id: str, vectors: Vector, embedder: str, start: int
+    ) -> bool:
+        """Write ``vectors`` as the record's passages ``start``..; False if it is not
+        current or holds another count of rows."""
+        slot = await self._seq(record_id)
+        if slot is None:
+            return False
+        seq, live, held_by, rows = slot
+        if not live or held_by != embedder or rows != start:
+            return False
+        matrix = _passages(vectors)[: MAX_PASSAGES - start]
+        space = await self._store.space(self, embedder, dim=int(matrix.shape[1]))
+        assert space is not None  # made when missing, given a dimension
+        await self._write_vectors(seq, space[0], embedder, start, [_unit(r) for r in matrix])
+        return True
+
     async def _write_vectors(
         self, seq: int, space: int, embedder: str, start: int, rows: Sequence[Any]
     ) -> None:

@@ -208,6 +208,14 @@ class Transaction(SharedWrites, Queries):
         table, blobs = await self._blobs(vectors, embedder)
         return await self._on_thread(_put, record_id, table, embedder, blobs)
 
+    async def _append_vectors(
+        self, record_id: str, vectors: Vector, embedder: str, start: int
+    ) -> bool:
+        """Write ``vectors`` as the record's passages ``start``..; False if it is not
+        current or holds another count of rows."""
+        table, blobs = await self._blobs(vectors, embedder)
+        return await self._on_thread(_put, record_id, table, embedder, blobs, start)
+
     async def carry_vectors(self, from_id: str, to_id: str, embedder: str) -> int:
         """Append ``from_id``'s passage vectors to ``to_id``'s (a fold keeps both findable);
         a record without vectors takes them (an exact repeat, which is not embedded)."""
@@ -416,16 +424,21 @@ def _put(
     table: str,
     embedder: str,
     blobs: list[bytes],
+    start: int = 0,
 ) -> tuple[int | None, bool]:
-    """Make ``blobs`` the record's passage vectors; False if it is not current."""
+    """Make ``blobs`` the record's passage vectors; False if it is not current. With a
+    ``start``, its passages from there on, after the ``start`` rows it holds from
+    ``embedder``: False, writing nothing, if it holds another count."""
     slot = slot_of(conn, record_id)
     if slot is None:
         return None, False
-    if slot.embedder and slot.vec_rows:
+    if start and (not slot.live or slot.embedder != embedder or slot.vec_rows != start):
+        return None, False
+    if not start and slot.embedder and slot.vec_rows:
         delete_rows(conn, journal, tables(), slot.embedder, slot.seq, slot.vec_rows)
     if not slot.live:
         return slot.seq, False  # only current records are indexed
-    write_rows(conn, journal, tables, table, embedder, slot, 0, blobs)
+    write_rows(conn, journal, tables, table, embedder, slot, start, blobs[: MAX_PASSAGES - start])
     return slot.seq, True
 
 
