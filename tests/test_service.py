@@ -288,6 +288,30 @@ async def test_a_fold_right_after_a_search_carries_the_counts_of_what_it_absorbs
     assert (await memory.engine.store.get(first.id)).access_count == 1  # type: ignore[union-attr]
 
 
+async def test_a_store_that_cannot_count_accesses_still_answers(
+    memory: MemoryService,
+    project: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Read-only, full, busy: the counts are lost with a one-line warning, not the
+    search, and the engine closes."""
+    from memory_mcp.errors import StorageError
+
+    stored = await memory.store("The cache TTL is 5 minutes", cwd=project)
+
+    async def refuse(accesses: object) -> None:
+        raise StorageError("attempt to write a readonly database")
+
+    monkeypatch.setattr(memory.engine.store, "record_access", refuse)
+    found = await memory.search("cache TTL", cwd=project)
+    assert [h.record.id for h in found.hits] == [stored.id]
+    await memory.engine.finish_deferred(10)
+    assert "search hits were not counted as accesses: " in caplog.text
+    assert "Traceback" not in caplog.text
+    assert not memory.engine._accessed
+
+
 async def test_access_counts_add_up_and_the_last_access_never_moves_back(
     memory: MemoryService, project: Path
 ) -> None:

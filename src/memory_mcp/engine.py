@@ -482,6 +482,8 @@ class Engine:
                 more, last = self._accessed.get(record_id, (0, at))
                 self._accessed[record_id] = (times + more, max(last, at))
             raise
+        except StorageError as exc:  # read-only, full, busy
+            log.warning("search hits were not counted as accesses: %s", exc)
         except Exception:
             log.warning("search hits were not counted as accesses", exc_info=True)
 
