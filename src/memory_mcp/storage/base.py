@@ -45,11 +45,12 @@ IVF_PROBES = 48
 # fewer clusters: what can fold into it, supersede it or conflict with it is close
 # (cosine 0.70 or more, ``fold.dense_subject``), and lies in the clusters nearest it.
 # The decisions of 600 stores at 50,000 memories and 600 at 200,000 were the same
-# from 24 clusters as from 48, and those of 1,185 facts at 10,000 and 1,748 at 50,000
-# from 12 as from 24 (two of the 10,000's had a close neighbour fewer among their
-# six: not one that decided). The rank of SQLite's neighbour read took 0.52-0.65 ms
-# instead of 0.73-1.0 at 50,000 memories, 0.91 instead of 1.46-1.67 at 10,000; a
-# store's p50 0.44 ms less at both.
+# from 24 clusters as from 48, and those of 1,185 facts at 10,000, 1,748 at 50,000
+# and 1,177 at 200,000 from 12 as from 24 (two of the 10,000's had a close neighbour
+# fewer among their six: not one that decided). The rank of SQLite's neighbour read
+# took 0.52-0.65 ms instead of 0.73-1.0 at 50,000 memories, 0.91 instead of 1.46-1.67
+# at 10,000, 0.80-1.10 instead of 1.30-1.60 at 200,000; a store's p50 0.44 ms less at
+# 10,000 and 50,000.
 NEIGHBOUR_PROBES = 12
 _LISTS_PER_ROOT = 1.55  # clusters per square root of the rows (512 at 108k rows)
 
