@@ -414,9 +414,13 @@ class Engine:
         if not self._accessed:
             self._accessed_since = time.monotonic()
         for record_id in record_ids:
-            times, last = self._accessed.get(record_id, (0, at))
-            self._accessed[record_id] = (times + 1, max(last, at))
+            self._add_access(record_id, 1, at)
         self._work_later()
+
+    def _add_access(self, record_id: str, times: int, at: str) -> None:
+        """Add ``times`` accesses, the last at ``at``, to those of the record not written."""
+        more, last = self._accessed.get(record_id, (0, at))
+        self._accessed[record_id] = (times + more, max(last, at))
 
     def _work_later(self) -> None:
         """Start the background work that waits for quiet (``_complete_due``) if there
@@ -479,8 +483,7 @@ class Engine:
             await self.store.record_access(accessed)
         except asyncio.CancelledError:  # closing: ``finish_deferred`` writes them
             for record_id, (times, at) in accessed.items():
-                more, last = self._accessed.get(record_id, (0, at))
-                self._accessed[record_id] = (times + more, max(last, at))
+                self._add_access(record_id, times, at)
             raise
         except StorageError as exc:  # read-only, full, busy
             log.warning("search hits were not counted as accesses: %s", exc)
@@ -535,8 +538,7 @@ class Engine:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        if self._accessed:
-            await self.write_accesses()
+        await self.write_accesses()
         deadline = time.monotonic() + seconds
         while self._due and time.monotonic() < deadline:
             await self._embed_due()

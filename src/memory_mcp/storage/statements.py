@@ -33,10 +33,8 @@ class SharedWrites:
 
         async def execute(self, sql: str, params: Sequence[Any] = ()) -> int: ...
 
-        async def _put_vectors(self, record_id: str, vectors: Vector, embedder: str) -> bool: ...
-
-        async def _append_vectors(
-            self, record_id: str, vectors: Vector, embedder: str, start: int
+        async def _put_vectors(
+            self, record_id: str, vectors: Vector, embedder: str, start: int = 0
         ) -> bool: ...
 
     def _sql(self, sql: str) -> str:
@@ -66,24 +64,25 @@ class SharedWrites:
         """
         done = 0
         for record, vectors in items:
-            unchanged = await self._fetch(
-                "SELECT 1 FROM records WHERE id = ? AND content = ? AND merged_text = ?",
-                [record.id, record.content, merged_text(record)],
-            )
-            if unchanged and await self._put_vectors(record.id, vectors, embedder):
-                await self._execute("UPDATE records SET vectors_due = 0 WHERE id = ?", [record.id])
-                done += 1
+            done += await self._give_vectors(record, vectors, embedder)
         return done
 
     async def add_passages(self, record: Record, vectors: Vector, embedder: str) -> bool:
         """Give a record that holds its whole text's vector alone the vectors of its
         other passages (a store's deferred windows): the whole text is not embedded
         again, nor its row rewritten."""
+        return await self._give_vectors(record, vectors, embedder, start=1)
+
+    async def _give_vectors(
+        self, record: Record, vectors: Vector, embedder: str, *, start: int = 0
+    ) -> bool:
+        """Write the record's passage vectors from ``start`` (``_put_vectors``) if its texts
+        are still those read; it then awaits none."""
         unchanged = await self._fetch(
             "SELECT 1 FROM records WHERE id = ? AND content = ? AND merged_text = ?",
             [record.id, record.content, merged_text(record)],
         )
-        if not unchanged or not await self._append_vectors(record.id, vectors, embedder, 1):
+        if not unchanged or not await self._put_vectors(record.id, vectors, embedder, start):
             return False
         await self._execute("UPDATE records SET vectors_due = 0 WHERE id = ?", [record.id])
         return True

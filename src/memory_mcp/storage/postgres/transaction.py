@@ -191,40 +191,30 @@ class Transaction(SharedWrites, Queries):
         """Insert an exported record exactly as it was; False if its id exists."""
         return await self._insert(record, unless_known=True)
 
-    async def _put_vectors(self, record_id: str, vectors: Vector, embedder: str) -> bool:
-        """Make ``vectors`` the record's passage vectors; False if it is not current."""
+    async def _put_vectors(
+        self, record_id: str, vectors: Vector, embedder: str, start: int = 0
+    ) -> bool:
+        """Make ``vectors`` the record's passage vectors; False if it is not current. With a
+        ``start``, its passages from there on, after the ``start`` rows it holds from
+        ``embedder``: False, writing nothing, if it holds another count."""
         slot = await self._seq(record_id)
         if slot is None:
             return False
-        seq, live, _, _ = slot
-        await self.execute("DELETE FROM vectors WHERE seq = %s", [seq])
+        seq, live, held_by, rows = slot
+        if start and (not live or held_by != embedder or rows != start):
+            return False
+        if not start:
+            await self.execute("DELETE FROM vectors WHERE seq = %s", [seq])
         if not live:
             await self.execute(
                 "UPDATE records SET embedder = NULL, vec_rows = 0 WHERE seq = %s", [seq]
             )
             return False  # only current records are indexed
-        matrix = _passages(vectors)
-        space = await self._store.space(self, embedder, dim=int(matrix.shape[1]))
-        assert space is not None  # made when missing, given a dimension
-        number, _ = space
-        await self._write_vectors(seq, number, embedder, 0, [_unit(row) for row in matrix])
-        return True
-
-    async def _append_vectors(
-        self, record_id: str, vectors: Vector, embedder: str, start: int
-    ) -> bool:
-        """Write ``vectors`` as the record's passages ``start``..; False if it is not
-        current or holds another count of rows."""
-        slot = await self._seq(record_id)
-        if slot is None:
-            return False
-        seq, live, held_by, rows = slot
-        if not live or held_by != embedder or rows != start:
-            return False
         matrix = _passages(vectors)[: MAX_PASSAGES - start]
         space = await self._store.space(self, embedder, dim=int(matrix.shape[1]))
         assert space is not None  # made when missing, given a dimension
-        await self._write_vectors(seq, space[0], embedder, start, [_unit(r) for r in matrix])
+        number, _ = space
+        await self._write_vectors(seq, number, embedder, start, [_unit(row) for row in matrix])
         return True
 
     async def _write_vectors(

@@ -203,16 +203,11 @@ class Transaction(SharedWrites, Queries):
         assert table is not None
         return table, [to_blob(row) for row in matrix]
 
-    async def _put_vectors(self, record_id: str, vectors: Vector, embedder: str) -> bool:
-        """Make ``vectors`` the record's passage vectors; False if it is not current."""
-        table, blobs = await self._blobs(vectors, embedder)
-        return await self._on_thread(_put, record_id, table, embedder, blobs)
-
-    async def _append_vectors(
-        self, record_id: str, vectors: Vector, embedder: str, start: int
+    async def _put_vectors(
+        self, record_id: str, vectors: Vector, embedder: str, start: int = 0
     ) -> bool:
-        """Write ``vectors`` as the record's passages ``start``..; False if it is not
-        current or holds another count of rows."""
+        """Make ``vectors`` the record's passage vectors (from ``start``: ``_put``); False
+        if it is not current."""
         table, blobs = await self._blobs(vectors, embedder)
         return await self._on_thread(_put, record_id, table, embedder, blobs, start)
 
