@@ -253,7 +253,7 @@ class Pages:
     async def projects(self, request: Request) -> Response:
         with self.v.acting(request):
             # Counting a project's records reads all of them (290 ms at 200,000): kept
-            # until the next commit where the store says when that is (SQLite).
+            # until the next commit (the store's write mark says when that is).
             mark, user = await self.memory.write_mark(), self.memory.user
             cached = self.counted
             if mark is not None and cached is not None and cached[:2] == (mark, user):

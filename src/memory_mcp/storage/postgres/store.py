@@ -29,7 +29,7 @@ from memory_mcp.storage.factory import redacted
 from memory_mcp.storage.postgres.migrations import WRITE_LOCK, migrate
 from memory_mcp.storage.postgres.queries import Queries
 from memory_mcp.storage.postgres.sql import filters_sql, storage_error
-from memory_mcp.storage.postgres.transaction import Transaction
+from memory_mcp.storage.postgres.transaction import Transaction, WriteMark
 from memory_mcp.storage.postgres.upkeep import UpkeepReads
 from memory_mcp.storage.postgres.vector_index import (
     SPACES_SQL,
@@ -306,8 +306,12 @@ class PgStore(UpkeepReads, Queries):
         return await anyio.to_thread.run_sync(self.indexes.wait, settle, abandon_on_cancel=True)
 
     async def write_mark(self) -> object | None:
-        """None: reads made before a write transaction are made again inside it."""
-        return None
+        """The database's snapshot now (``pg_current_snapshot()``, as text): a write
+        transaction tells from it whether anything was committed since
+        (``Transaction.unchanged_since``), so that a store's reads made before it (a
+        new memory's rarest words, beside the model) stand under it."""
+        rows = await self.fetch("SELECT pg_current_snapshot()::text")
+        return WriteMark(self, str(rows[0][0]))
 
     # Reads ---------------------------------------------------------------------------
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from memory_mcp.passages import MAX_PASSAGES
@@ -29,6 +30,34 @@ if TYPE_CHECKING:
     from memory_mcp.storage.postgres.store import PgStore
 
 
+@dataclass(frozen=True)
+class WriteMark:
+    """``PgStore.write_mark``: the store, and the database's snapshot then."""
+
+    store: PgStore
+    snapshot: str
+
+
+# Transaction ids begun after a write mark that ``unchanged_since`` looks at, at most.
+_XID_WINDOW = 1_000
+_UNCHANGED_SQL = """
+WITH m AS (SELECT %s::pg_snapshot AS mark, pg_current_snapshot() AS now),
+x AS (
+    SELECT pg_snapshot_xmax(mark)::text::bigint AS since,
+           pg_snapshot_xmax(now)::text::bigint AS upto
+    FROM m
+)
+SELECT CASE WHEN x.upto - x.since > %s OR pg_current_xact_id_if_assigned() IS NOT NULL
+THEN false ELSE NOT EXISTS (
+    SELECT 1 FROM (
+        SELECT pg_snapshot_xip(m.mark) AS xid FROM m
+        UNION ALL
+        SELECT g::text::xid8 FROM generate_series(x.since, x.upto - 1) g
+    ) t WHERE pg_xact_status(t.xid) = 'committed'
+) END FROM x
+"""
+
+
 class Transaction(SharedWrites, Queries):
     """The writes, on the connection whose transaction holds the write lock."""
 
@@ -39,8 +68,20 @@ class Transaction(SharedWrites, Queries):
         self._store = store
 
     async def unchanged_since(self, mark: object | None) -> bool:
-        """Not known on Postgres (``PgStore.write_mark`` gives None)."""
-        return False
+        """Whether no transaction has committed since the snapshot ``mark``
+        (``PgStore.write_mark``): none of those it saw running, none begun after it;
+        and this one has written nothing yet.
+
+        Asked under the write lock, after every write committed before it. A
+        transaction that had committed but was not yet visible when the mark was taken
+        is among those it saw running. Any database's transactions count (their ids are
+        the cluster's), and past ``_XID_WINDOW`` new ids it is not known (False): the
+        reads are made again, as they always were before.
+        """
+        if not (isinstance(mark, WriteMark) and mark.store is self._store):
+            return False
+        rows = await self.fetch(_UNCHANGED_SQL, [mark.snapshot, _XID_WINDOW])
+        return bool(rows and rows[0][0])
 
     @property
     def connection(self) -> psycopg.AsyncConnection[Any]:
