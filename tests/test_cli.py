@@ -149,7 +149,9 @@ def test_push_copies_the_store_into_another_and_refuses_to_push_into_itself(
 
 
 @pytest.mark.usefixtures("with_model")
-def test_bench_fold_prints_what_the_pipeline_did_per_label(tmp_path: Path) -> None:
+def test_bench_fold_prints_what_the_pipeline_did_per_label(
+    tmp_path: Path, storage_url: str
+) -> None:
     pairs = tmp_path / "pairs.jsonl"
     rows = [
         {
@@ -182,6 +184,13 @@ def test_bench_fold_prints_what_the_pipeline_did_per_label(tmp_path: Path) -> No
     assert report["fold_precision"] == 1.0
     code, out, _ = run("bench", "fold", str(pairs))
     assert code == 0 and "fold precision 1.000" in out
+
+    # On a store a storage.url names: the same decisions; a store with records is refused.
+    there = store_url(tmp_path, storage_url, "bench")
+    code, out, _ = run("bench", "fold", "--json", "--storage", there, str(pairs))
+    assert code == 0 and json.loads(out)["counts"] == report["counts"]
+    code, _, stderr = run("bench", "fold", "--storage", there, str(pairs))
+    assert code == 65 and "holds records" in stderr
 
 
 @pytest.mark.usefixtures("with_model")

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import itertools
 import tempfile
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -27,7 +29,19 @@ from memory_mcp.cli.base import (
 from memory_mcp.config import LoadedSettings, replaced
 from memory_mcp.errors import InvalidInput
 
+if TYPE_CHECKING:
+    from memory_mcp.embedders.base import Embedder
+    from memory_mcp.service import MemoryService
+
 bench_app = typer.Typer(help="Benchmarks anyone can rerun (see the README).", no_args_is_help=True)
+
+StorageOption = Annotated[
+    str,
+    typer.Option(
+        help="Store the memories where this storage.url says (postgresql://…; it must "
+        "be empty). Default: a SQLite file in a temporary folder."
+    ),
+]
 
 
 @bench_app.command("fold")
@@ -43,6 +57,7 @@ def bench_fold(
             "precision >= 0.95, no contradiction folded).",
         ),
     ] = None,
+    storage: StorageOption = "",
     as_json: JsonOption = False,
 ) -> None:
     """Store a then b for each pair in a fresh scope; count what the pipeline did per label."""
@@ -56,18 +71,16 @@ def bench_fold(
     )
 
     async def work() -> Any:
-        loaded = _bench_settings("")
+        loaded = _bench_settings(storage)
         items = read_pairs(pairs)
-        with tempfile.TemporaryDirectory(prefix="memory-mcp-bench-") as tmp:
-            async with open_memory(loaded, Path(tmp) / "bench.db", needs_vectors=True) as memory:
-                if cv is not None:
-                    evidence = await pair_evidence(memory, items)
-                    identity = memory.engine.embeddings.identity or "bm25"
-                    return cross_validate(
-                        items, evidence, loaded.settings.fold, k=cv, embedder=identity
-                    )
-                with progress_bar("pairs", len(items)) as report:
-                    return await run_fold_bench(memory, items, progress=report)
+        async with _bench_memory(loaded, storage, "fold") as memory:
+            if cv is not None:
+                evidence = await pair_evidence(memory, items)
+                identity = memory.engine.embeddings.identity or "bm25"
+                fold = loaded.settings.fold
+                return cross_validate(items, evidence, fold, k=cv, embedder=identity)
+            with progress_bar("pairs", len(items)) as report:
+                return await run_fold_bench(memory, items, progress=report)
 
     result = run_engine(work)
     if as_json:
@@ -113,13 +126,7 @@ def bench_retrieval(
             "(same model, same texts: only search changes)."
         ),
     ] = None,
-    storage: Annotated[
-        str,
-        typer.Option(
-            help="Store the memories where this storage.url says (postgresql://…; it must "
-            "be empty). Default: a SQLite file in a temporary folder."
-        ),
-    ] = "",
+    storage: StorageOption = "",
     as_json: JsonOption = False,
 ) -> None:
     """Run the retrieval benchmark (bench/FORMAT.md): store, search, score."""
@@ -141,21 +148,12 @@ def bench_retrieval(
                 err.print("error: --vector-cache needs a model (the embedder backend is bm25)")
                 raise typer.Exit(2)
             cached = CachedEmbedder(found[0], vector_cache)
-        with tempfile.TemporaryDirectory(prefix="memory-mcp-bench-") as tmp:
-            database = None if storage else Path(tmp) / "bench.db"
-            async with open_memory(loaded, database, needs_vectors=True, embedder=cached) as memory:
-                if storage and (await memory.status()).stats.records:
-                    raise InvalidInput(
-                        f"the store at {memory.location} holds records: the retrieval bench "
-                        "needs an empty one"
-                    )
-                with (
-                    progress_bar("cases", total_cases) as report,
-                    run_out.open("w", encoding="utf-8") as fh,
-                ):
-                    return await run_retrieval_bench(
-                        memory, data, fh, max_cases=cases, progress=report
-                    )
+        async with _bench_memory(loaded, storage, "retrieval", embedder=cached) as memory:
+            with (
+                progress_bar("cases", total_cases) as report,
+                run_out.open("w", encoding="utf-8") as fh,
+            ):
+                return await run_retrieval_bench(memory, data, fh, max_cases=cases, progress=report)
 
     report = run_engine(work)
     if as_json:
@@ -575,6 +573,27 @@ def _metric_table(table: Any) -> None:
     for name, n, metrics in rows:
         cells = [f"{metrics[c]:>14.1f}" if c in metrics else f"{'-':>14}" for c in columns]
         out.print(f"{name:<{width}}  {n:>4}  " + "  ".join(cells))
+
+
+@asynccontextmanager
+async def _bench_memory(
+    loaded: LoadedSettings, storage: str, bench: str, *, embedder: Embedder | None = None
+) -> AsyncIterator[MemoryService]:
+    """The bench's own store, open: a SQLite file in a temporary folder, or ``storage``
+    (``loaded``'s ``storage.url``, from ``_bench_settings``), which must be empty.
+
+    Raises:
+        InvalidInput: the store at ``storage`` holds records.
+    """
+    with tempfile.TemporaryDirectory(prefix="memory-mcp-bench-") as tmp:
+        database = None if storage else Path(tmp) / "bench.db"
+        async with open_memory(loaded, database, needs_vectors=True, embedder=embedder) as memory:
+            if storage and (await memory.status()).stats.records:
+                raise InvalidInput(
+                    f"the store at {memory.location} holds records: the {bench} bench "
+                    "needs an empty one"
+                )
+            yield memory
 
 
 def _bench_settings(storage: str) -> LoadedSettings:
