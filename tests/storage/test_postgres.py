@@ -407,6 +407,41 @@ async def test_a_filter_that_keeps_a_tenth_deepens_to_where_k_of_them_lie(store:
     assert [s.record.id for s in near] == [records[n].id for n in exact]
 
 
+async def test_a_write_decisions_neighbours_come_from_fewer_ivfflat_lists(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``ivfflat.probes`` is set for the one statement that asks (on a pooled
+    connection, and inside a write transaction), and a write decision's nearest-record
+    query asks for ``_NEIGHBOUR_PROBES``; a search's keeps the session's."""
+    from memory_mcp.storage.base import IVF_PROBES
+    from memory_mcp.storage.postgres import queries
+
+    setting = "SELECT current_setting('ivfflat.probes')"
+    assert await store.fetch(setting, probes=7) == [("7",)]
+    assert await store.fetch(setting) == [(str(IVF_PROBES),)]
+    async with store.write() as tx:
+        assert await tx.fetch(setting, probes=5) == [("5",)]
+        assert await tx.fetch(setting) == [(str(IVF_PROBES),)]
+    assert await store.fetch(setting) == [(str(IVF_PROBES),)]
+
+    ids = await filled(store)
+    asked: list[int | None] = []
+    fetch = type(store).fetch
+
+    async def noted(self: Any, sql: str, *args: Any, **kwargs: Any) -> list[Any]:
+        if "WITH near" in sql:
+            asked.append(kwargs.get("probes"))
+        return await fetch(self, sql, *args, **kwargs)
+
+    monkeypatch.setattr(type(store), "fetch", noted)
+    near, scores = await store.nearest_with_scores(unit(1, 0, 0), "test:3", FACTS, 3, ids[:2])
+    assert asked == [queries._NEIGHBOUR_PROBES] and len(near) == 3 and set(scores) == set(ids[:2])
+    asked.clear()
+    await store.nearest_with_scores(unit(1, 0, 0), "test:3", FACTS, 3, ids[:2], probes=IVF_PROBES)
+    await store.nearest(unit(1, 0, 0), "test:3", FACTS, 3)
+    assert asked == [None, None]
+
+
 async def test_row_level_security_keeps_personal_memories_from_teammates_reading_tables(
     url: str, tmp_path: Path
 ) -> None:

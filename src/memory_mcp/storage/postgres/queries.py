@@ -10,7 +10,14 @@ from typing import TYPE_CHECKING, Any
 from memory_mcp.lexical import query_terms, stem
 from memory_mcp.overlap import alongside
 from memory_mcp.records import Record
-from memory_mcp.storage.base import Around, CandidateReads, Filters, Scored, Vector
+from memory_mcp.storage.base import (
+    IVF_PROBES,
+    Around,
+    CandidateReads,
+    Filters,
+    Scored,
+    Vector,
+)
 from memory_mcp.storage.bm25 import (
     COUNTS_TTL,
     TopPlan,
@@ -39,6 +46,14 @@ _MARGIN = 1.25
 _MIN_DEPTH = 40
 _DEPTH_MAX = 1000
 
+# A write decision's neighbours come from this many of the ivfflat lists nearest the
+# new memory (searches: the session's ``IVF_PROBES``). SQLite's 12 (``NEIGHBOUR_PROBES``)
+# are clusters of the scope's own rows; an ivfflat list holds every scope's, so 12 of
+# them hold fewer of the scope's rows. The decisions of the bench's facts (two seeds of
+# about 582 at 10,000 and at 50,000 memories, 2,329 in all) against every list scored:
+# 48 and 32 lists, none different; 24 and 12, one of 582 at 50,000 in each seed.
+_NEIGHBOUR_PROBES = 32
+
 
 class Queries:
     """Reads over ``fetch``, which a subclass runs on its connection(s)."""
@@ -51,9 +66,11 @@ class Queries:
         params: Sequence[Any] = (),
         *,
         binary: bool = False,
+        probes: int | None = None,
     ) -> list[Any]:
         """The rows of one query (``binary``: in binary format, which reads vectors
-        several times faster)."""
+        several times faster; ``probes``: ivfflat's for it, instead of the session's
+        ``IVF_PROBES``)."""
         raise NotImplementedError
 
     async def lexical(
@@ -120,6 +137,19 @@ class Queries:
     ) -> list[Scored]:
         """The ``k`` current records nearest ``vector`` (best passage), filters before ``k``;
         from the ivfflat index unless ``exact`` (then by the exact scan below)."""
+        return await self._nearest(vector, embedder, filters, k, exact=exact)
+
+    async def _nearest(
+        self,
+        vector: Vector,
+        embedder: str,
+        filters: Filters,
+        k: int,
+        *,
+        exact: bool = False,
+        probes: int | None = None,
+    ) -> list[Scored]:
+        """``nearest``, from the ``probes`` ivfflat lists nearest ``vector`` if given."""
         space = await self._store.space(self, embedder)
         if space is None or not filters.scope_keys or k <= 0:
             return []
@@ -138,6 +168,7 @@ class Queries:
                 f"FROM best JOIN records r ON r.seq = best.seq WHERE {where} "
                 "ORDER BY best.sim DESC, r.seq LIMIT %s",
                 [query, query, depth, *params, k],
+                probes=probes,
             )
             if len(rows) >= k:
                 return [Scored(record_of(row), float(row[-2])) for row in rows]
@@ -171,12 +202,14 @@ class Queries:
         ahead: object | None = None,
     ) -> tuple[list[Scored], dict[str, float]]:
         """``nearest`` and ``dense_scores`` of ``record_ids``, on two of the pool's
-        connections at once (one after the other in a transaction); ivfflat's probes
-        are the session's: ``probes`` is not used, nor ``ahead`` (``rank_ahead``: the
-        server ranks inside its query)."""
+        connections at once (one after the other in a transaction), from the ``probes``
+        ivfflat lists nearest ``vector`` (``_NEIGHBOUR_PROBES`` unless given: a write
+        decision's). ``ahead`` is not used (``rank_ahead``: the server ranks inside its
+        query)."""
+        probed = None if probes == IVF_PROBES else probes or _NEIGHBOUR_PROBES
         scores, near = await alongside(
             lambda: self.dense_scores(vector, embedder, record_ids),
-            lambda: self.nearest(vector, embedder, filters, k),
+            lambda: self._nearest(vector, embedder, filters, k, probes=probed),
         )
         return near, scores
 

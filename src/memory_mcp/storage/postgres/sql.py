@@ -103,6 +103,11 @@ ORDER BY x.s DESC, x.seq LIMIT %s
 """
 
 
+def probes_sql(probes: int) -> str:
+    """How many ivfflat lists the transaction's next statements score."""
+    return f"SET LOCAL ivfflat.probes = {int(probes)}"
+
+
 def hash_sql(where: str) -> str:
     """Records with a given content hash (``%s``), newest first."""
     return (

@@ -28,7 +28,7 @@ from memory_mcp.storage.bm25 import CountCache
 from memory_mcp.storage.factory import redacted
 from memory_mcp.storage.postgres.migrations import WRITE_LOCK, migrate
 from memory_mcp.storage.postgres.queries import Queries
-from memory_mcp.storage.postgres.sql import filters_sql, storage_error
+from memory_mcp.storage.postgres.sql import filters_sql, probes_sql, storage_error
 from memory_mcp.storage.postgres.transaction import Transaction, WriteMark
 from memory_mcp.storage.postgres.upkeep import UpkeepReads
 from memory_mcp.storage.postgres.vector_index import (
@@ -194,13 +194,23 @@ class PgStore(UpkeepReads, Queries):
         params: Sequence[Any] = (),
         *,
         binary: bool = False,
+        probes: int | None = None,
     ) -> list[Any]:
+        """One statement's rows, on a pooled connection; with ``probes``, ivfflat's for
+        this statement (in a transaction of its own: ``SET LOCAL`` ends with it)."""
         import psycopg
 
         try:
             async with self._pool.connection() as conn:
-                cursor = await conn.cursor(binary=binary).execute(sql.encode(), params)
-                return await cursor.fetchall() if cursor.description else []
+                if probes is None:
+                    cursor = await conn.cursor(binary=binary).execute(sql.encode(), params)
+                    return await cursor.fetchall() if cursor.description else []
+                await conn.execute(f"BEGIN; {probes_sql(probes)}".encode())
+                try:
+                    cursor = await conn.cursor(binary=binary).execute(sql.encode(), params)
+                    return await cursor.fetchall() if cursor.description else []
+                finally:
+                    await conn.execute(b"ROLLBACK")  # it wrote nothing
         except psycopg.Error as exc:
             raise storage_error(exc) from exc
 

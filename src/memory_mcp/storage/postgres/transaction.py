@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 from memory_mcp.passages import MAX_PASSAGES
 from memory_mcp.records import Record, merged_text
-from memory_mcp.storage.base import Vector
+from memory_mcp.storage.base import IVF_PROBES, Vector
 from memory_mcp.storage.bm25 import document_terms, indexed_columns
 from memory_mcp.storage.history import unfold
 from memory_mcp.storage.postgres.queries import Queries, _unit
-from memory_mcp.storage.postgres.sql import storage_error
+from memory_mcp.storage.postgres.sql import probes_sql, storage_error
 from memory_mcp.storage.rows import (
     INSERT_COLUMNS,
     INSERT_WIDTH,
@@ -94,12 +94,19 @@ class Transaction(SharedWrites, Queries):
         params: Sequence[Any] = (),
         *,
         binary: bool = False,
+        probes: int | None = None,
     ) -> list[Any]:
+        """One statement's rows; with ``probes``, ivfflat's for this statement alone."""
         import psycopg
 
         try:
+            if probes is not None:
+                await self._conn.execute(probes_sql(probes).encode())
             cursor = await self._conn.cursor(binary=binary).execute(sql.encode(), params)
-            return await cursor.fetchall() if cursor.description else []
+            rows = await cursor.fetchall() if cursor.description else []
+            if probes is not None:
+                await self._conn.execute(probes_sql(IVF_PROBES).encode())
+            return rows
         except psycopg.Error as exc:
             raise storage_error(exc) from exc
 
