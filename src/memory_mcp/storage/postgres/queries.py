@@ -78,17 +78,22 @@ class Queries:
     ) -> list[Scored]:
         """Records matching words of ``text``, best BM25 first (``bm25``: as FTS5 ranks)."""
         terms = query_terms(text)
-        counts = await self.document_counts({stem(t) for t in terms}, fresh=not rare_words)
-        if rare_words and len(terms) > 2:
-            terms = rarest(terms, counts)
         if not terms or not filters.scope_keys or k <= 0:
             return []
-        rows = await self.fetch(  # the collection's totals and the filters' lists, at once
-            "SELECT greatest(documents, 1), greatest(tokens, 1)::float8 / greatest(documents, 1), "
-            "ARRAY(SELECT id FROM posting_lists WHERE scope_key = ANY(%s) AND corpus = ANY(%s)) "
-            "FROM lexical_stats",
-            [list(filters.scope_keys), list(filters.corpora)],
+        # The words' record counts and the collection's totals with the filters' lists,
+        # on two of the pool's connections at once (one after the other in a transaction).
+        counts, rows = await alongside(
+            lambda: self.document_counts({stem(t) for t in terms}, fresh=not rare_words),
+            lambda: self.fetch(
+                "SELECT greatest(documents, 1), "
+                "greatest(tokens, 1)::float8 / greatest(documents, 1), "
+                "ARRAY(SELECT id FROM posting_lists WHERE scope_key = ANY(%s) "
+                "AND corpus = ANY(%s)) FROM lexical_stats",
+                [list(filters.scope_keys), list(filters.corpora)],
+            ),
         )
+        if rare_words and len(terms) > 2:
+            terms = rarest(terms, counts)
         documents, length, lists = (
             (int(rows[0][0]), float(rows[0][1]), list(rows[0][2])) if rows else (1, 1.0, [])
         )
