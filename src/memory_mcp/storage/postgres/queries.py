@@ -138,13 +138,6 @@ class Queries:
         return known
 
     async def nearest(
-        self, vector: Vector, embedder: str, filters: Filters, k: int, *, exact: bool = False
-    ) -> list[Scored]:
-        """The ``k`` current records nearest ``vector`` (best passage), filters before ``k``;
-        from the ivfflat index unless ``exact`` (then by the exact scan below)."""
-        return await self._nearest(vector, embedder, filters, k, exact=exact)
-
-    async def _nearest(
         self,
         vector: Vector,
         embedder: str,
@@ -154,7 +147,9 @@ class Queries:
         exact: bool = False,
         probes: int | None = None,
     ) -> list[Scored]:
-        """``nearest``, from the ``probes`` ivfflat lists nearest ``vector`` if given."""
+        """The ``k`` current records nearest ``vector`` (best passage), filters before ``k``;
+        from the ivfflat index (the ``probes`` lists nearest ``vector`` if given, else the
+        session's) unless ``exact`` (then by the exact scan below)."""
         space = await self._store.space(self, embedder)
         if space is None or not filters.scope_keys or k <= 0:
             return []
@@ -214,7 +209,7 @@ class Queries:
         probed = None if probes == IVF_PROBES else probes or _NEIGHBOUR_PROBES
         scores, near = await alongside(
             lambda: self.dense_scores(vector, embedder, record_ids),
-            lambda: self._nearest(vector, embedder, filters, k, probes=probed),
+            lambda: self.nearest(vector, embedder, filters, k, probes=probed),
         )
         return near, scores
 

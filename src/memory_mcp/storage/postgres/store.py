@@ -202,15 +202,14 @@ class PgStore(UpkeepReads, Queries):
 
         try:
             async with self._pool.connection() as conn:
-                if probes is None:
-                    cursor = await conn.cursor(binary=binary).execute(sql.encode(), params)
-                    return await cursor.fetchall() if cursor.description else []
-                await conn.execute(f"BEGIN; {probes_sql(probes)}".encode())
+                if probes is not None:
+                    await conn.execute(f"BEGIN; {probes_sql(probes)}".encode())
                 try:
                     cursor = await conn.cursor(binary=binary).execute(sql.encode(), params)
                     return await cursor.fetchall() if cursor.description else []
                 finally:
-                    await conn.execute(b"ROLLBACK")  # it wrote nothing
+                    if probes is not None:
+                        await conn.execute(b"ROLLBACK")  # it wrote nothing
         except psycopg.Error as exc:
             raise storage_error(exc) from exc
 
