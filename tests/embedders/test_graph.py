@@ -70,17 +70,24 @@ def _encoder(*, nan_pass: bool = True, computed_shapes: bool = True) -> onnx.Mod
         helper.make_node("Transpose", ["context"], ["back"], perm=[0, 2, 1, 3]),
         helper.make_node("Reshape", ["back", merge], ["last_hidden_state"]),
     ]
+    return _text_model("encoder", nodes, weights, width=8)
+
+
+def _text_model(
+    name: str, nodes: list[onnx.NodeProto], constants: dict[str, np.ndarray], *, width: int
+) -> onnx.ModelProto:
+    """A checked model of ``nodes`` from token ids and a mask to ``last_hidden_state``."""
     dims = ["batch", "length"]
     model = helper.make_model(
         helper.make_graph(
             nodes,
-            "encoder",
+            name,
             [
                 helper.make_tensor_value_info("input_ids", TensorProto.INT64, dims),
                 helper.make_tensor_value_info("attention_mask", TensorProto.INT64, dims),
             ],
-            [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, [*dims, 8])],
-            [numpy_helper.from_array(v, k) for k, v in weights.items()],
+            [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, [*dims, width])],
+            [numpy_helper.from_array(v, k) for k, v in constants.items()],
         ),
         opset_imports=[helper.make_opsetid("", 17)],
         ir_version=8,
@@ -316,3 +323,65 @@ def test_a_failure_of_the_machine_in_the_child_is_not_noted(
 
 def _no_child(*args: object, **kwargs: object) -> None:
     raise AssertionError("the child ran")
+
+
+def _projection(*, weights: bool = True) -> onnx.ModelProto:
+    """Token vectors through one matrix product with constant weights (or none)."""
+    rng = np.random.default_rng(5)
+    constants = {"table": rng.normal(size=(2000, 16)).astype(np.float32)}
+    nodes = [helper.make_node("Gather", ["table", "input_ids"], ["x"])]
+    if weights:
+        constants["w"] = rng.normal(size=(16, 16)).astype(np.float32)
+        nodes.append(helper.make_node("MatMul", ["x", "w"], ["y"]))
+    nodes.append(helper.make_node("Identity", ["y" if weights else "x"], ["last_hidden_state"]))
+    return _text_model("projection", nodes, constants, width=16)
+
+
+def test_an_int8_copy_quantizes_the_weights_and_stays_near_the_model() -> None:
+    small, summary = graph.quantize(_projection())
+    assert any(node.op_type == "MatMulInteger" for node in small.graph.node)
+    assert "within cosine" in summary
+    exact, near = _outputs(_projection(), 2, 9), _outputs(small, 2, 9)
+    assert exact.shape == near.shape and exact.tobytes() != near.tobytes()
+    rows = exact.reshape(-1, 16), near.reshape(-1, 16)
+    cosines = np.sum(rows[0] * rows[1], axis=1) / np.prod(
+        [np.linalg.norm(r, axis=1) for r in rows], axis=0
+    )
+    assert float(cosines.min()) > 0.99
+
+
+def test_an_int8_copy_that_would_move_the_vectors_too_far_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(graph, "INT8_AGREEMENT", 1.01)  # nothing quantized is that close
+    with pytest.raises(Unchanged, match="too far"):
+        graph.quantize(_projection())
+    with pytest.raises(Unchanged, match="no matrix product"):
+        graph.quantize(_projection(weights=False))
+
+
+def test_the_int8_copy_is_made_once_kept_apart_and_its_refusal_noted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = tmp_path / "model" / "model.onnx"
+    source.parent.mkdir()
+    onnx.save(_projection(), str(source))
+    cache = tmp_path / "cache"
+    made, why = graph.quantized(source, cache)
+    assert made is not None and why == "" and made.name.endswith(".int8.onnx")
+    assert made != graph.copy_path(source, cache)  # not the streamlined copy's place
+    assert any(n.op_type == "MatMulInteger" for n in onnx.load(str(made)).graph.node)
+    monkeypatch.setattr(subprocess, "run", _no_child)
+    assert graph.quantized(source, cache) == (made, "")
+    monkeypatch.undo()
+
+    plain = tmp_path / "plain" / "model.onnx"
+    plain.parent.mkdir()
+    onnx.save(_projection(weights=False), str(plain))
+    assert graph.quantized(plain, cache) == (
+        None,
+        "no matrix product with constant weights to quantize",
+    )
+    monkeypatch.setattr(subprocess, "run", _no_child)
+    none, noted = graph.quantized(plain, cache)
+    assert none is None and "no matrix product" in noted

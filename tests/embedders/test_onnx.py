@@ -118,3 +118,56 @@ def test_a_model_folder_without_a_model_is_named_in_the_error(tmp_path: Path) ->
     embedder = FastEmbedEmbedder(MODEL_NAME, model_path=str(tmp_path))
     with pytest.raises(EmbedderError, match="holds no ONNX model"):
         embedder.locate()
+
+
+def test_an_int8_copy_embeds_close_to_the_model_under_a_name_of_its_own(
+    real_embedder: FastEmbedEmbedder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``embedder.quantize``: the model's int8 copy, made once in the cache folder; its
+    vectors are near the model's but not the same, so they are named apart."""
+    from memory_mcp.dirs import CACHE_ENV
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    int8 = FastEmbedEmbedder(MODEL_NAME, model_path=str(model_path()), quantize=True)
+    int8.load()
+    assert int8.name == f"{real_embedder.name}:int8" and int8.dim == 384
+    assert int8._direct is not None
+    assert int8._direct.path.parent == tmp_path / "models"
+    assert int8._direct.path.name.endswith(".int8.onnx")
+    got, exact = int8.embed(TEXTS), real_embedder.embed(TEXTS)
+    cosines = np.sum(got * exact, axis=1)
+    assert float(cosines.min()) > 0.97, cosines
+    assert float(np.abs(got - exact).max()) > 1e-3  # not the model's vectors
+    assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+    queries = int8.embed(["which platform do we deploy to", "what port does the API use"])
+    assert [int(i) for i in np.argmax(queries @ got.T, axis=1)] == [0, 4]
+
+    def no_child(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the copy was made again")
+
+    monkeypatch.setattr(subprocess, "run", no_child)
+    again = FastEmbedEmbedder(MODEL_NAME, model_path=str(model_path()), quantize=True)
+    again.load()
+    assert again._direct is not None and again._direct.path == int8._direct.path
+    # a text's vector does not depend on the texts embedded with it
+    assert again.embed(TEXTS[:1]).tobytes() == got[:1].tobytes()
+    assert again.embed(TEXTS[::-1]).tobytes() == got[::-1].tobytes()
+
+
+def test_an_int8_copy_that_cannot_be_made_is_an_error_not_the_model_as_exported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Vectors named int8 never come from the full model: a cache it cannot write (or a
+    model it cannot quantize) fails the load with the reason, and it is tried again."""
+    from memory_mcp.dirs import CACHE_ENV
+    from memory_mcp.embedders import graph
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(graph, "_writable", lambda folder: False)
+    embedder = FastEmbedEmbedder(MODEL_NAME, model_path=str(model_path()), quantize=True)
+    with pytest.raises(EmbedderError, match=r"cannot make an int8 copy .*cannot write to"):
+        embedder.load()
+    assert embedder._direct is None and embedder._impl is None
+    other = FastEmbedEmbedder("BAAI/bge-small-en-v1.5", model_path=str(model_path()), quantize=True)
+    with pytest.raises(EmbedderError, match="quantize runs sentence-transformers/all-MiniLM"):
+        other.load()

@@ -91,6 +91,43 @@ async def test_a_dense_store_keeps_its_embedder_identity_while_it_is_unreachable
         await close(memory)
 
 
+async def test_a_store_of_the_other_precision_says_embedder_quantize_is_why(
+    tmp_path: Path, storage_url: str, project: Path
+) -> None:
+    """Vectors of the model's int8 copy are another embedder's: turning
+    ``embedder.quantize`` on (or off) under ``auto`` keeps the store's vectors and
+    says that the setting is the difference."""
+    memory = await open_with(tmp_path, storage_url, FakeEmbedder(name="fake:a"))
+    await memory.store("Staging runs on Fly.io", cwd=project)
+    await close(memory)
+    for quantize, name, said in [
+        (True, "fake:a:int8", "embedder.quantize is on; they were made without it"),
+        (False, "fake:b", None),
+    ]:
+        settings, database = store_place(tmp_path, storage_url, "m")
+        settings.embedder.quantize = quantize
+        async with MemoryService.open(
+            settings, database=database, embedder=FakeEmbedder(name=name), wait_for_embedder=10
+        ) as memory:
+            status = memory.engine.embeddings.status()
+            assert status.identity == "fake:a" and "not configured" in status.reason
+            assert (said in status.reason) if said else "quantize" not in status.reason
+
+    settings, database = store_place(tmp_path, storage_url, "int8")
+    settings.embedder.quantize = True
+    async with MemoryService.open(
+        settings, database=database, embedder=FakeEmbedder(name="fake:a:int8"), wait_for_embedder=10
+    ) as memory:
+        await memory.store("Staging runs on Fly.io", cwd=project)
+    settings.embedder.quantize = False
+    async with MemoryService.open(
+        settings, database=database, embedder=FakeEmbedder(name="fake:a"), wait_for_embedder=10
+    ) as memory:
+        status = memory.engine.embeddings.status()
+        assert status.identity == "fake:a:int8"
+        assert "embedder.quantize is off; they were made with it" in status.reason
+
+
 async def test_an_unreachable_embedder_resumes_when_it_returns(
     tmp_path: Path, storage_url: str, project: Path
 ) -> None:

@@ -18,6 +18,8 @@ if TYPE_CHECKING:  # numpy loads with the first vector, not with the engine
     import numpy.typing as npt
 
 Matrix: TypeAlias = "npt.NDArray[np.float32]"
+# Ends the name of an embedder that runs a model's int8 copy (``embedder.quantize``).
+INT8_MARK = ":int8"
 
 
 class Embedder(Protocol):

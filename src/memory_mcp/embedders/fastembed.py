@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 
 from memory_mcp.config import BOOLEAN_WORDS
 from memory_mcp.dirs import cache_dir
-from memory_mcp.embedders.base import Matrix, length_batches, normalize_rows
+from memory_mcp.embedders.base import INT8_MARK, Matrix, length_batches, normalize_rows
 from memory_mcp.embedders.onnx import MEAN_POOLED, OnnxModel, model_file, quiet_sessions
 from memory_mcp.errors import EmbedderError, ModelNotLocal
 
@@ -53,8 +53,10 @@ class FastEmbedEmbedder:
         threads: int = 0,
         max_tokens: int = 256,
         batch_size: int = 4,
+        quantize: bool = False,
     ) -> None:
         self.model = model
+        self.quantize = quantize
         self.model_path = model_path
         self.cache_dir = cache_dir
         self.download = download
@@ -68,7 +70,8 @@ class FastEmbedEmbedder:
 
     @property
     def name(self) -> str:
-        return f"fastembed:{self.model}"
+        # An int8 copy's vectors are not the model's: they never share an index.
+        return f"fastembed:{self.model}{INT8_MARK if self.quantize else ''}"
 
     @property
     def dim(self) -> int | None:
@@ -112,6 +115,17 @@ class FastEmbedEmbedder:
                 return
             _return_large_buffers()
             folder = self._folder()
+            if self.quantize:
+                if self.model not in MEAN_POOLED:
+                    raise EmbedderError(
+                        f"embedder.quantize runs {', '.join(sorted(MEAN_POOLED))} only, not "
+                        f"{self.model}; set it to false"
+                    )
+                if folder is None:  # fastembed fetches the files the int8 copy is made from
+                    self._load_fastembed(None, download=download and self.download)
+                    folder = self._folder()
+                    if folder is None:
+                        raise EmbedderError(f"cannot find where fastembed put {self.model}")
             if folder is not None and self.model in MEAN_POOLED:
                 try:
                     self._direct = OnnxModel(
@@ -119,6 +133,7 @@ class FastEmbedEmbedder:
                         max_tokens=self.max_tokens,
                         threads=self.threads,
                         cache=cache_dir() / "models",
+                        int8=self.quantize,
                     )
                 except Exception as exc:
                     raise EmbedderError(f"cannot load {self.model} from {folder}: {exc}") from exc

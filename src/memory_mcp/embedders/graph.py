@@ -25,6 +25,15 @@ it is, until one of those versions changes; a copy that could not be made for
 the machine's reasons (no ``onnx`` package, a full disk, a cache folder it
 cannot write) is tried again at the next load, and one that will not load is
 dropped (``onnx.OnnxModel``) and made again.
+
+``quantized`` (``embedder.quantize``) makes a second kind of copy the same way:
+the streamlined graph (or the model as exported) with the weights of its matrix
+products in 8 bits, one scale per output column, 7 bits of them used
+(onnxruntime's dynamic quantization; the eighth would overflow the int8 dot
+products of x86 CPUs without VNNI). Its vectors are not the model's: the copy
+is kept only if every pooled output row of the check runs is within cosine
+``INT8_AGREEMENT`` of the model's, and its vectors carry their own embedder
+name.
 """
 
 from __future__ import annotations
@@ -55,6 +64,10 @@ _PROBES = ((1, 7), (3, 11))  # (batch, length) of the runs that explain the shap
 _CHECKS = ((1, 5), (2, 23), (4, 64))  # of the runs that must give the same outputs
 _TIMEOUT_S = 300.0
 _UNCHANGED = 3  # the child's exit status: nothing to gain, or outputs would differ
+INT8 = "int8"  # the kind of a quantized copy (the child's flag, and in its name)
+# The least cosine between a check run's pooled output row and the model's that a
+# quantized copy may give; all-MiniLM-L6-v2's copy gives 0.98 and more on random tokens.
+INT8_AGREEMENT = 0.95
 
 
 class Unchanged(Exception):
@@ -68,23 +81,37 @@ def streamlined(source: Path, cache: Path) -> Path | None:
     be made; the reason is logged, and noted in the cache so that the next load
     does not try again when the model is the cause).
     """
-    target = copy_path(source, cache)
+    made, _ = _copy(source, cache, kind="")
+    return made
+
+
+def quantized(source: Path, cache: Path) -> tuple[Path | None, str]:
+    """The int8 copy of the ONNX file ``source`` (streamlined first where it can be),
+    made now if ``cache`` lacks it, or None and why it is not there (noted in the
+    cache when the model is the cause, as for ``streamlined``)."""
+    return _copy(source, cache, kind=INT8)
+
+
+def _copy(source: Path, cache: Path, *, kind: str) -> tuple[Path | None, str]:
+    what = f"{kind} copy" if kind else "streamlined copy"
+    target = copy_path(source, cache, kind=kind)
     if target is None:
-        return None
+        return None, f"{source} cannot be read"
     skip = target.with_suffix(".unchanged")
     if target.is_file():
-        return target
+        return target, ""
     if skip.is_file():
-        return None
+        return None, skip.read_text(encoding="utf-8", errors="replace").strip()
     partial = target.with_suffix(f".{os.getpid()}-{threading.get_ident()}.partial")
+    flags = [f"--{kind}"] if kind else []
     try:
         cache.mkdir(parents=True, exist_ok=True)
         if not _writable(cache):  # not made only to be lost, at each start
-            log.info("cannot write to %s; %s runs as it is", cache, source)
-            return None
+            log.info("cannot write to %s; no %s of %s", cache, what, source)
+            return None, f"cannot write to {cache}"
         _drop_stale(cache)
         done = subprocess.run(
-            [sys.executable, "-m", "memory_mcp.embedders.graph", str(source), str(partial)],
+            [sys.executable, "-m", "memory_mcp.embedders.graph", *flags, str(source), str(partial)],
             stdin=subprocess.DEVNULL,  # a stdio server's input is the client's channel
             capture_output=True,
             # what it says in UTF-8 whatever the locale (cp1252 cannot print its "→")
@@ -95,35 +122,36 @@ def streamlined(source: Path, cache: Path) -> Path | None:
             check=False,
         )
         if done.returncode == _UNCHANGED:
-            log.info("%s runs as it is: %s", source, done.stdout.strip())
+            log.info("no %s of %s: %s", what, source, done.stdout.strip())
             skip.write_text(done.stdout, encoding="utf-8")
-            return None
+            return None, done.stdout.strip()
         if done.returncode != 0:
             last = (done.stderr.strip().splitlines() or ["no message"])[-1]
-            log.info("could not streamline %s (%s); it runs as it is", source, last)
-            return None
+            log.info("could not make the %s of %s (%s)", what, source, last)
+            return None, last
         os.replace(partial, target)
     except (OSError, subprocess.SubprocessError) as exc:
-        log.info("could not streamline %s (%s); it runs as it is", source, exc)
-        return None
+        log.info("could not make the %s of %s (%s)", what, source, exc)
+        return None, str(exc)
     finally:
         partial.unlink(missing_ok=True)
-    log.info("%s streamlined (%s), kept at %s", source, done.stdout.strip(), target)
-    return target
+    log.info("%s of %s made (%s), kept at %s", what, source, done.stdout.strip(), target)
+    return target, ""
 
 
-def copy_path(source: Path, cache: Path) -> Path | None:
-    """Where in ``cache`` the streamlined copy of ``source`` is kept: named by the file's
-    path, size and time, the rewrite's version and those of onnxruntime (which checked
-    it) and onnx (which wrote it); None: no such file."""
+def copy_path(source: Path, cache: Path, *, kind: str = "") -> Path | None:
+    """Where in ``cache`` the streamlined (or ``kind``) copy of ``source`` is kept:
+    named by the file's path, size and time, the rewrite's version and those of
+    onnxruntime (which checked it) and onnx (which wrote it); None: no such file."""
     try:
         stat = source.stat()
     except OSError:
         return None
     key = hashlib.sha256(
-        f"{source.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{VERSION}|{_versions()}".encode()
+        f"{source.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{VERSION}|{_versions()}"
+        f"{'|' + kind if kind else ''}".encode()
     ).hexdigest()[:16]
-    return cache / f"{source.parent.name}-{key}.onnx"
+    return cache / f"{source.parent.name}-{key}{'.' + kind if kind else ''}.onnx"
 
 
 @functools.cache
@@ -409,16 +437,71 @@ def _model_errors() -> tuple[type[Exception], ...]:
     )
 
 
+def quantize(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
+    """``model`` with its matrix products' weights in int8 (per column, 7 bits), if
+    every pooled output row of the check runs stays within ``INT8_AGREEMENT``.
+
+    Raises:
+        Unchanged: nothing to quantize, or vectors that would move too far.
+    """
+    import numpy as np
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
+        raise Unchanged("its weights are in external files")
+    with tempfile.TemporaryDirectory() as folder:  # it writes a file; read back here
+        written = Path(folder) / "int8.onnx"
+        quantize_dynamic(
+            model,
+            written,
+            op_types_to_quantize=["MatMul"],
+            per_channel=True,
+            reduce_range=True,
+            weight_type=QuantType.QInt8,
+        )
+        small = onnx.load(str(written))
+    ops = sum(node.op_type == "MatMulInteger" for node in small.graph.node)
+    if not ops:
+        raise Unchanged("no matrix product with constant weights to quantize")
+    original, copy = _session(model.SerializeToString()), _session(small.SerializeToString())
+    least = 1.0
+    for batch, length in _CHECKS:
+        feed = _feed(original, batch, length)
+        mask = feed.get("attention_mask", np.ones_like(feed["input_ids"]))[:, :, None]
+        pooled = [
+            (out[0] * mask).sum(axis=1) for out in (original.run(None, feed), copy.run(None, feed))
+        ]
+        a, b = (p / np.maximum(np.linalg.norm(p, axis=1, keepdims=True), 1e-12) for p in pooled)
+        least = min(least, float(np.sum(a * b, axis=1).min()))
+    if least < INT8_AGREEMENT:
+        raise Unchanged(f"int8 weights would move its vectors too far (cosine {least:.3f})")
+    return small, (
+        f"{ops} matrix products in int8, pooled outputs within cosine {least:.4f} of the model's"
+    )
+
+
 def main(argv: Sequence[str]) -> int:
-    """``python -m memory_mcp.embedders.graph SOURCE TARGET``: write the streamlined copy."""
+    """``python -m memory_mcp.embedders.graph [--int8] SOURCE TARGET``: write the
+    streamlined copy (and with ``--int8`` quantize it)."""
     try:
         import onnx
     except ImportError:  # not the model's doing: the next load tries again
         print("the onnx package is not installed", file=sys.stderr)
         return 1
-    source, target = Path(argv[0]), Path(argv[1])
+    int8 = f"--{INT8}" in argv
+    source, target = (Path(a) for a in argv if a != f"--{INT8}")
     try:
-        fast, summary = streamline(onnx.load(str(source), load_external_data=False))
+        model = onnx.load(str(source), load_external_data=False)
+        try:
+            model, summary = streamline(model)
+        except Unchanged as exc:
+            if not int8:
+                raise
+            summary = f"not streamlined ({exc})"
+        if int8:
+            model, quantized = quantize(model)
+            summary = f"{summary}; {quantized}"
     except Unchanged as exc:
         print(exc)
         return _UNCHANGED
@@ -427,7 +510,7 @@ def main(argv: Sequence[str]) -> int:
         return _UNCHANGED
     # Anything else (memory, the disk, an onnxruntime failure at run time) is the
     # machine's: the child fails and the next load tries again.
-    onnx.save(fast, str(target))
+    onnx.save(model, str(target))
     print(summary)
     return 0
 

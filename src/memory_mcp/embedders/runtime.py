@@ -25,7 +25,7 @@ from typing import Literal
 import anyio
 
 from memory_mcp.config import EmbedderSettings
-from memory_mcp.embedders.base import Embedder, Matrix
+from memory_mcp.embedders.base import INT8_MARK, Embedder, Matrix
 from memory_mcp.errors import EmbedderError, ModelNotLocal
 
 log = logging.getLogger(__name__)
@@ -115,9 +115,15 @@ def build_candidates(settings: EmbedderSettings) -> list[Embedder]:
                 threads=settings.threads,
                 max_tokens=settings.max_tokens,
                 batch_size=settings.batch_size,
+                quantize=settings.quantize,
             )
         )
     return candidates
+
+
+def _base(name: str) -> str:
+    """An embedder's name without its int8 mark: the model whose copy it runs."""
+    return name.removesuffix(INT8_MARK)
 
 
 def _reasons(errors: Sequence[str], hints: Sequence[str] = (), *, then: str = "") -> str:
@@ -195,6 +201,12 @@ class Embeddings:
                     "searching lexically. Configure it again, or set embedder.backend "
                     "explicitly to re-embed with another model"
                 )
+                if any(_base(c.name) == _base(intent) for c in candidates):
+                    made = "with" if intent != _base(intent) else "without"
+                    self._reason += (
+                        f" (embedder.quantize is {'on' if self.settings.quantize else 'off'}; "
+                        f"they were made {made} it)"
+                    )
                 log.warning("embedder degraded: %s", self._reason)
                 self._settled.set()
                 return
