@@ -117,9 +117,8 @@ def _pgserver_psql() -> str | None:
 async def test_a_memorys_rarest_words_are_counted_once_a_while_a_search_counts_afresh(
     store: Any,
 ) -> None:
-    """Counting a word's records reads all its postings (8.7 ms for a new memory's words
-    at 50,000 memories): the write path's rare-word lookup reuses counts for
-    ``COUNTS_TTL`` seconds, as SQLite's does; a search's BM25 counts them each time."""
+    """The write path's rare-word lookup reuses its words' record counts for
+    ``COUNTS_TTL`` seconds, as SQLite's does; a search's BM25 reads them each time."""
     async with store.write() as tx:
         for n in range(4):
             await tx.insert(fact(f"zephyr quokka deploy note {n}"), None)
@@ -127,7 +126,7 @@ async def test_a_memorys_rarest_words_are_counted_once_a_while_a_search_counts_a
     fetch = store.fetch
 
     async def watched(sql: str, params: Any = (), *args: Any, **kwargs: Any) -> Any:
-        if "FROM record_terms x" in sql:
+        if "FROM term_counts c" in sql:
             counted.append(sorted(params[0]))
         return await fetch(sql, params, *args, **kwargs)
 
@@ -368,6 +367,88 @@ async def test_m010_gives_each_posting_its_records_kind(url: str) -> None:
             (2, "x", "gotcha"),
         ]
         await conn.execute("DROP SCHEMA m010_test CASCADE")
+
+
+async def test_m012_counts_each_stems_records_and_its_triggers_keep_the_counts(
+    url: str,
+) -> None:
+    """A store written before m012 gets its stems' record counts (by owner); inserts,
+    updates, deletes and a record's cascade keep them, as counting the rows would."""
+    import psycopg
+
+    from memory_mcp.storage.postgres import migrations
+
+    count_sql = (
+        "SELECT term, owner, n FROM term_counts WHERE n > 0 EXCEPT ALL "
+        "SELECT term, owner, count(*) FROM record_terms GROUP BY term, owner"
+    )
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        await conn.execute('SET search_path TO "m012_test", public')
+        before = tuple(m for m in migrations.MIGRATIONS if m.name < "m012")
+        await migrations.migrate(conn, "m012_test", before)
+        for seq, user in ((1, ""), (2, ""), (3, "ann")):
+            await conn.execute(
+                "INSERT INTO records (seq, id, corpus, kind, scope, scope_key, content, "
+                "content_hash, agent, created_at, updated_at, doc_len, user_name, private) "
+                "VALUES (%s, %s, 'facts', 'fact', 'project', '/repo', 'x', 'h', 'a', 't', 't', "
+                "2, %s, %s)",
+                [seq, f"f_{seq}", user, 1 if user else 0],
+            )
+            await conn.execute(
+                "INSERT INTO record_terms (term, seq, tf) VALUES ('deploy', %s, 1), ('x', %s, 1)",
+                [seq, seq],
+            )
+        ahead = tuple(m for m in migrations.MIGRATIONS if m.name < "m013")
+        assert await migrations.migrate(conn, "m012_test", ahead) == ["m012_term_counts"]
+        cursor = await conn.execute("SELECT term, owner, n FROM term_counts ORDER BY 1, 2")
+        assert await cursor.fetchall() == [
+            ("deploy", "", 2),
+            ("deploy", "ann", 1),
+            ("x", "", 2),
+            ("x", "ann", 1),
+        ]
+        await conn.execute(
+            "INSERT INTO record_terms (term, seq, tf) VALUES ('late', 2, 0.3), ('late', 1, 1)"
+        )
+        await conn.execute("UPDATE record_terms SET term = 'ship' WHERE seq = 2 AND term = 'x'")
+        await conn.execute("DELETE FROM record_terms WHERE seq = 1 AND term = 'deploy'")
+        await conn.execute("DELETE FROM records WHERE seq = 3")  # its stems by the cascade
+        cursor = await conn.execute(
+            "SELECT term, owner, n FROM term_counts WHERE n > 0 ORDER BY 1, 2"
+        )
+        assert await cursor.fetchall() == [
+            ("deploy", "", 1),
+            ("late", "", 2),
+            ("ship", "", 1),
+            ("x", "", 1),
+        ]
+        cursor = await conn.execute(f"SELECT count(*) FROM ({count_sql}) AS x")
+        assert await cursor.fetchone() == (0,)
+        await conn.execute("DROP SCHEMA m012_test CASCADE")
+
+
+async def test_doctor_finds_and_mends_a_words_record_count_that_disagrees(store: Any) -> None:
+    """A search reads its words' counts from ``term_counts``: a wrong one would move
+    BM25 scores, so doctor counts again and repair rebuilds them."""
+    from memory_mcp.lexical import stem
+
+    await filled(store)
+    before = await store.lexical("deploy note", FACTS, 10)
+    word = stem("deploy")
+    async with store.write() as tx:
+        await tx.execute("UPDATE term_counts SET n = n + 40 WHERE term = %s", [word])
+    assert await store.document_counts({word}) == {word: 45}
+    found = await store.doctor()
+    (check,) = [c for c in found.checks if not c.ok]
+    assert check.name == "full-text index"
+    assert check.problems == ["1 words' record counts disagree with the records"]
+    assert (await store.doctor(repair=True)).healthy
+    assert (await store.doctor()).healthy
+    assert await store.document_counts({word}) == {word: 5}
+    after = await store.lexical("deploy note", FACTS, 10)
+    assert [(s.record.id, round(s.score, 9)) for s in after] == [
+        (s.record.id, round(s.score, 9)) for s in before
+    ]
 
 
 async def test_doctor_finds_a_posting_whose_length_disagrees(store: Any) -> None:

@@ -1,10 +1,10 @@
 """``doctor``, ``backup`` and the dry run's copy for the Postgres backend.
 
 The records table is canonical; the rest is derived from it and rebuilt from
-it: ``record_terms``, ``records.doc_len`` and ``lexical_stats`` (BM25), and the
-vectors (a current record's passages ``0 .. vec_rows - 1`` in its embedder's
-space; a record whose vectors disagree loses them and goes back to "awaiting
-vectors", which re-embedding makes again).
+it: ``record_terms``, ``records.doc_len``, ``term_counts`` and ``lexical_stats``
+(BM25), and the vectors (a current record's passages ``0 .. vec_rows - 1`` in its
+embedder's space; a record whose vectors disagree loses them and goes back to
+"awaiting vectors", which re-embedding makes again).
 
 A backup is ``dump.FORMAT`` (a ``psql`` script of ``COPY`` blocks).
 """
@@ -103,6 +103,9 @@ async def _full_text(store: PgStore, repair: bool) -> Check:
     )
     if int(orphans[0][0]):
         check.problems.append(f"{orphans[0][0]} indexed words belong to no record")
+    miscounted = await store.fetch(f"SELECT count(*) FROM ({_MISCOUNTED_SQL}) AS x")
+    if int(miscounted[0][0]):
+        check.problems.append(f"{miscounted[0][0]} words' record counts disagree with the records")
     if check.problems and repair:
         async with store.write() as tx:
             for seq, _ in wrong:
@@ -119,8 +122,22 @@ async def _full_text(store: PgStore, repair: bool) -> Check:
                 "UPDATE lexical_stats SET documents = (SELECT count(*) FROM records), "
                 "tokens = (SELECT coalesce(sum(doc_len), 0) FROM records)"
             )
+            await tx.execute("DELETE FROM term_counts")
+            await tx.execute(
+                "INSERT INTO term_counts (term, owner, n) "
+                "SELECT term, owner, count(*) FROM record_terms GROUP BY term, owner"
+            )
         check.repaired = True
     return check
+
+
+# The stems whose ``term_counts`` row (by owner) is not the number of their rows in
+# ``record_terms``; a stem no record holds any more may keep a row of 0.
+_MISCOUNTED_SQL = (
+    "SELECT term, owner FROM (SELECT term, owner, count(*) AS n FROM record_terms "
+    "GROUP BY term, owner) t FULL JOIN term_counts c USING (term, owner) "
+    "WHERE coalesce(t.n, 0) <> coalesce(c.n, 0)"
+)
 
 
 async def _postings(store: PgStore, repair: bool) -> Check:

@@ -449,6 +449,48 @@ DROP INDEX records_embedder;
 CREATE INDEX records_embedder ON records (embedder, live);
 """
 
+# How many records hold each stem, kept by a statement trigger on ``record_terms`` (one
+# upsert a statement, however many rows it wrote), so that a search reads its words'
+# counts instead of counting their rows: at 50,000 memories counting took 5-6.6 ms of a
+# search's critical path, and searches alternating with and without the table gave
+# p50 38.3 -> 34.9 ms, the same results. Per owner, so that a member's counts are those
+# of the rows ``record_terms`` shows them (the same policy).
+M012_TERM_COUNTS = """
+CREATE TABLE term_counts (
+    term text NOT NULL,
+    owner text NOT NULL,
+    n bigint NOT NULL,
+    PRIMARY KEY (term, owner)
+);
+INSERT INTO term_counts (term, owner, n)
+SELECT term, owner, count(*) FROM record_terms GROUP BY term, owner;
+ANALYZE term_counts;
+ALTER TABLE term_counts ENABLE ROW LEVEL SECURITY;
+CREATE POLICY term_counts_rows ON term_counts USING (owner IN ('', current_user));
+CREATE FUNCTION record_terms_counted() RETURNS trigger LANGUAGE plpgsql
+SET search_path FROM CURRENT AS $$
+BEGIN
+    IF TG_OP IN ('DELETE', 'UPDATE') THEN
+        UPDATE term_counts c SET n = c.n - gone.n
+        FROM (SELECT term, owner, count(*) AS n FROM removed GROUP BY term, owner) gone
+        WHERE c.term = gone.term AND c.owner = gone.owner;
+    END IF;
+    IF TG_OP IN ('INSERT', 'UPDATE') THEN
+        INSERT INTO term_counts AS c (term, owner, n)
+        SELECT term, owner, count(*) FROM added GROUP BY term, owner ORDER BY term, owner
+        ON CONFLICT (term, owner) DO UPDATE SET n = c.n + excluded.n;
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER record_terms_counted_insert AFTER INSERT ON record_terms
+REFERENCING NEW TABLE AS added FOR EACH STATEMENT EXECUTE FUNCTION record_terms_counted();
+CREATE TRIGGER record_terms_counted_update AFTER UPDATE ON record_terms
+REFERENCING OLD TABLE AS removed NEW TABLE AS added
+FOR EACH STATEMENT EXECUTE FUNCTION record_terms_counted();
+CREATE TRIGGER record_terms_counted_delete AFTER DELETE ON record_terms
+REFERENCING OLD TABLE AS removed FOR EACH STATEMENT EXECUTE FUNCTION record_terms_counted();
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration("m001_records", M001_RECORDS),
     Migration("m002_scope_aliases", M002_SCOPE_ALIASES),
@@ -461,6 +503,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration("m009_ivfflat", M009_IVFFLAT),
     Migration("m010_postings_kind", M010_POSTINGS_KIND),
     Migration("m011_embedder_live", M011_EMBEDDER_LIVE),
+    Migration("m012_term_counts", M012_TERM_COUNTS),
 )
 
 
