@@ -77,10 +77,11 @@ class EmbedderSettings(_Section):
         Meta(
             description=(
                 "Run all-MiniLM-L6-v2 with 8-bit weights in its matrix products (a copy made "
-                "once in the cache folder): a text embeds in about 0.6 of the time, a batch in "
-                "under half, and its vectors differ a little from the model's (cosine 0.98 or "
-                "more). They carry their own name, so a store that holds the other kind "
-                "switches only with embedder.backend = 'fastembed', which re-embeds it."
+                "once in the cache folder), one text per run (batch_size does not apply): a "
+                "text embeds in about half the time, bulk at about twice the rate, and its "
+                "vectors differ a little from the model's (cosine 0.98 or more). They carry "
+                "their own name, so a store that holds the other kind switches only with "
+                "embedder.backend = 'fastembed', which re-embeds it."
             )
         ),
     ] = False

@@ -385,3 +385,20 @@ def test_the_int8_copy_is_made_once_kept_apart_and_its_refusal_noted(
     monkeypatch.setattr(subprocess, "run", _no_child)
     none, noted = graph.quantized(plain, cache)
     assert none is None and "no matrix product" in noted
+
+
+def test_an_int8_copy_of_a_graph_the_rewrite_cannot_read_quantizes_it_as_exported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model the streamlining refuses for any reason of the model's is quantized as
+    it is, rather than left without the copy ``embedder.quantize`` asks for."""
+    source = tmp_path / "model.onnx"
+    onnx.save(_projection(), str(source))
+    target = tmp_path / "int8.onnx"
+
+    def unreadable(model: onnx.ModelProto) -> None:
+        raise KeyError("a name the rewrite did not find")
+
+    monkeypatch.setattr(graph, "streamline", unreadable)
+    assert graph.main(["--int8", str(source), str(target)]) == 0
+    assert any(n.op_type == "MatMulInteger" for n in onnx.load(str(target)).graph.node)

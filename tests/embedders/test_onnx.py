@@ -171,3 +171,54 @@ def test_an_int8_copy_that_cannot_be_made_is_an_error_not_the_model_as_exported(
     other = FastEmbedEmbedder("BAAI/bge-small-en-v1.5", model_path=str(model_path()), quantize=True)
     with pytest.raises(EmbedderError, match="quantize runs sentence-transformers/all-MiniLM"):
         other.load()
+
+
+def test_a_damaged_int8_copy_is_dropped_and_made_again_at_the_next_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Unlike a damaged streamlined copy, a damaged int8 copy cannot fall back to the
+    model as exported (its vectors would carry the int8 name): the load fails, the
+    copy goes, and the next load makes it again."""
+    from memory_mcp.dirs import CACHE_ENV
+    from memory_mcp.embedders.graph import INT8, copy_path
+    from memory_mcp.embedders.onnx import model_file
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    source = model_file(model_path())
+    assert source is not None
+    damaged = copy_path(source, tmp_path / "models", kind=INT8)
+    assert damaged is not None and damaged.name.endswith(".int8.onnx")
+    damaged.parent.mkdir()
+    damaged.write_bytes(source.read_bytes()[:1000])
+    embedder = FastEmbedEmbedder(MODEL_NAME, model_path=str(model_path()), quantize=True)
+    with pytest.raises(EmbedderError, match="cannot load"):
+        embedder.load()
+    assert not damaged.exists() and embedder._direct is None
+    again = FastEmbedEmbedder(MODEL_NAME, model_path=str(model_path()), quantize=True)
+    again.load()
+    assert again._direct is not None and again._direct.path == damaged and damaged.is_file()
+
+
+def test_quantize_makes_the_int8_copy_from_the_folder_fastembed_fetched_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model not yet on the machine: fastembed fetches it, and the copy is made from
+    the folder it says it used, even when that folder could not be remembered."""
+    from types import SimpleNamespace
+
+    from memory_mcp.dirs import CACHE_ENV
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    embedder = FastEmbedEmbedder(MODEL_NAME, cache_dir=str(tmp_path / "fastembed"), quantize=True)
+    fetched = SimpleNamespace(model=SimpleNamespace(_model_dir=str(model_path())))
+    asked: list[bool] = []
+
+    def fetch(folder: Path | None, *, download: bool) -> SimpleNamespace:
+        asked.append(download)
+        return fetched  # as fastembed's, its folder not written to the remembered ones
+
+    monkeypatch.setattr(embedder, "_load_fastembed", fetch)
+    embedder.load(download=True)
+    assert asked == [True]
+    assert embedder._direct is not None and embedder._impl is None
+    assert embedder._direct.path.name.endswith(".int8.onnx") and embedder.dim == 384

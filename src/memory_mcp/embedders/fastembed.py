@@ -122,8 +122,9 @@ class FastEmbedEmbedder:
                         f"{self.model}; set it to false"
                     )
                 if folder is None:  # fastembed fetches the files the int8 copy is made from
-                    self._load_fastembed(None, download=download and self.download)
-                    folder = self._folder()
+                    impl = self._load_fastembed(None, download=download and self.download)
+                    found = getattr(getattr(impl, "model", None), "_model_dir", None)
+                    folder = self._folder() or (Path(found) if found else None)
                     if folder is None:
                         raise EmbedderError(f"cannot find where fastembed put {self.model}")
             if folder is not None and self.model in MEAN_POOLED:

@@ -65,6 +65,9 @@ _CHECKS = ((1, 5), (2, 23), (4, 64))  # of the runs that must give the same outp
 _TIMEOUT_S = 300.0
 _UNCHANGED = 3  # the child's exit status: nothing to gain, or outputs would differ
 INT8 = "int8"  # the kind of a quantized copy (the child's flag, and in its name)
+# Of ``quantize``'s recipe: a new one makes the copies again. Its vectors would differ,
+# so a new recipe also needs a new embedder name (``base.INT8_MARK``).
+INT8_RECIPE = 1
 # The least cosine between a check run's pooled output row and the model's that a
 # quantized copy may give; all-MiniLM-L6-v2's copy gives 0.98 and more on random tokens.
 INT8_AGREEMENT = 0.95
@@ -149,7 +152,7 @@ def copy_path(source: Path, cache: Path, *, kind: str = "") -> Path | None:
         return None
     key = hashlib.sha256(
         f"{source.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{VERSION}|{_versions()}"
-        f"{'|' + kind if kind else ''}".encode()
+        f"{f'|{kind}|{INT8_RECIPE}' if kind == INT8 else ''}".encode()
     ).hexdigest()[:16]
     return cache / f"{source.parent.name}-{key}{'.' + kind if kind else ''}.onnx"
 
@@ -493,12 +496,13 @@ def main(argv: Sequence[str]) -> int:
     source, target = (Path(a) for a in argv if a != f"--{INT8}")
     try:
         model = onnx.load(str(source), load_external_data=False)
+        refused: tuple[type[Exception], ...] = (Unchanged, *_model_errors())
         try:
             model, summary = streamline(model)
-        except Unchanged as exc:
+        except refused as exc:
             if not int8:
                 raise
-            summary = f"not streamlined ({exc})"
+            summary = f"not streamlined ({exc})"[:300]  # the model as exported is quantized
         if int8:
             model, quantized = quantize(model)
             summary = f"{summary}; {quantized}"

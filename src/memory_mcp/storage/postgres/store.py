@@ -376,7 +376,9 @@ class PgStore(UpkeepReads, Queries):
         right after importing 1,000 memories had p95 456-495 ms in eight runs of
         twelve (their lexical statement 220-230 ms), 17-18 / 24-25 ms once analyzed.
         A table the role may not analyze is skipped (a warning)."""
-        await self.fetch("ANALYZE records, record_terms, posting_lists, postings, vectors")
+        await self.fetch(
+            "ANALYZE records, record_terms, term_counts, posting_lists, postings, vectors"
+        )
 
     async def needing_embedding(self, embedder: str, limit: int) -> list[Record]:
         rows = await self.fetch(
