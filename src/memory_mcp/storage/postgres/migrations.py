@@ -453,7 +453,7 @@ CREATE INDEX records_embedder ON records (embedder, live);
 # upsert a statement, however many rows it wrote), so that a search reads its words'
 # counts instead of counting their rows: at 50,000 memories counting took 5-6.6 ms of a
 # search's critical path, and searches alternating with and without the table gave p50
-# 13.0 -> 8.4 ms (38.3 -> 34.9 with a cold cache), the same results. Per owner, so that
+# 43.1 -> 36.5 ms (lexical ones alone 13.0 -> 8.4), the same results. Per owner, so that
 # a member's counts are those of the rows ``record_terms`` shows them (the same policy).
 # The lock first: a writer of an older version whose stems are not yet committed when
 # the counts are filled would otherwise be counted neither by the fill nor by the
