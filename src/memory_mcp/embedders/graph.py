@@ -199,10 +199,7 @@ def streamline(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
     """
     import onnx
 
-    if any(
-        t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer
-    ):  # its weights live in other files, which a copy elsewhere would lose
-        raise Unchanged("its weights are in external files")
+    _weights_inline(model)
     fast = onnx.ModelProto()
     fast.CopyFrom(model)
     graph = fast.graph
@@ -225,6 +222,15 @@ def streamline(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
         f"{before} → {len(graph.node)} nodes: {fixed} reshapes given constant shapes, "
         f"{passed} NaN passes dropped"
     )
+
+
+def _weights_inline(model: onnx.ModelProto) -> None:
+    """Raise ``Unchanged`` if the model's weights live in other files, which a copy kept
+    elsewhere would lose."""
+    import onnx
+
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
+        raise Unchanged("its weights are in external files")
 
 
 def _fix_reshapes(model: onnx.ModelProto, graph: onnx.GraphProto) -> int:
@@ -451,8 +457,9 @@ def quantize(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
-        raise Unchanged("its weights are in external files")
+    from memory_mcp.embedders.base import normalize_rows
+
+    _weights_inline(model)
     with tempfile.TemporaryDirectory() as folder:  # it writes a file; read back here
         written = Path(folder) / "int8.onnx"
         quantize_dynamic(
@@ -475,7 +482,7 @@ def quantize(model: onnx.ModelProto) -> tuple[onnx.ModelProto, str]:
         pooled = [
             (out[0] * mask).sum(axis=1) for out in (original.run(None, feed), copy.run(None, feed))
         ]
-        a, b = (p / np.maximum(np.linalg.norm(p, axis=1, keepdims=True), 1e-12) for p in pooled)
+        a, b = (normalize_rows(p) for p in pooled)
         least = min(least, float(np.sum(a * b, axis=1).min()))
     if least < INT8_AGREEMENT:
         raise Unchanged(f"int8 weights would move its vectors too far (cosine {least:.3f})")
